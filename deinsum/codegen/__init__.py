@@ -1,0 +1,1 @@
+"""Emitted mpi4py programs and the standalone runtime pieces they carry."""
