@@ -45,8 +45,8 @@ def unary(a, sub, out):
 def contract_pair(a, b, sa, sb, out):
     """Binary step ``einsum(sa,sb->out)`` through BLAS where it applies.
 
-    * contraction without batch indices -> ``numpy.tensordot`` (GEMM/TDOT);
-    * batch and contracted indices -> batched ``matmul``;
+    * contraction without batch indices -> one GEMM on matrix views (GEMM/TDOT);
+    * batch and contracted indices -> batched ``matmul`` (``einsum`` when GEMV-like);
     * no contracted index (KRP, Hadamard, outer) -> broadcast multiply.
     """
     batch = [c for c in sa if c in sb and c in out]
@@ -62,18 +62,49 @@ def contract_pair(a, b, sa, sb, out):
         eb = np.expand_dims(bb, tuple(range(len(batch), len(batch) + len(free_a))))
         res = ea * eb
     elif not batch:
-        res = np.tensordot(a, b, axes=([sa.index(c) for c in summed], [sb.index(c) for c in summed]))
+        # order the contracted indices as the larger operand stores them
+        big, sbig = (a, sa) if a.size >= b.size else (b, sb)
+        summed = [c for c in sbig if c in summed]
+        am = _matrix(a, sa, free_a, summed, rows_free=True)
+        bm = _matrix(b, sb, free_b, summed, rows_free=False)
         order = free_a + free_b
+        res = np.matmul(am, bm).reshape([a.shape[sa.index(c)] for c in free_a] +
+                                         [b.shape[sb.index(c)] for c in free_b])
     else:
         shape = dict(zip(sa, a.shape))
         shape.update(zip(sb, b.shape))
         nb, na, nk, nn = (int(np.prod([shape[c] for c in g], dtype=np.int64))
                           for g in (batch, free_a, summed, free_b))
+        if min(na, nn) < 8:  # memory-bound (batched GEMV-like): one pass, no transposed copies
+            ea, eb, eo = _ascii_map(sa, sb, out)
+            return np.einsum(f"{ea},{eb}->{eo}", a, b)
         am = a.transpose([sa.index(c) for c in batch + free_a + summed]).reshape(nb, na, nk)
         bm = b.transpose([sb.index(c) for c in batch + summed + free_b]).reshape(nb, nk, nn)
         order = batch + free_a + free_b
         res = np.matmul(am, bm).reshape([shape[c] for c in order])
     return res.transpose([order.index(c) for c in out])
+
+
+def _matrix(x, sub, free, summed, rows_free):
+    """``x`` as a (free x summed) matrix if ``rows_free`` else (summed x free).
+
+    Of the two memory orders that give such a matrix (directly, or as the
+    transpose of the other), take a zero-copy view when one exists, else the
+    order whose copy keeps ``x``'s innermost axis innermost (a fast copy).
+    """
+    nf = int(np.prod([x.shape[sub.index(c)] for c in free], dtype=np.int64))
+    ns = int(np.prod([x.shape[sub.index(c)] for c in summed], dtype=np.int64))
+    direct = free + summed if rows_free else summed + free
+    flipped = summed + free if rows_free else free + summed
+    perm_d = [sub.index(c) for c in direct]
+    perm_f = [sub.index(c) for c in flipped]
+    identity = list(range(len(sub)))
+    use_flipped = perm_f == identity or (perm_d != identity and sub and perm_f[-1] == len(sub) - 1
+                                         and perm_d[-1] != len(sub) - 1)
+    if use_flipped:
+        m = x.transpose(perm_f).reshape((ns, nf) if rows_free else (nf, ns))
+        return m.T
+    return x.transpose(perm_d).reshape((nf, ns) if rows_free else (ns, nf))
 
 
 def contiguous(a):
