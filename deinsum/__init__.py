@@ -1,6 +1,36 @@
-"""deinsum: communication-optimal distributed einsums."""
+"""deinsum: communication-optimal distributed einsums.
+
+>>> import numpy as np, deinsum
+>>> prog = deinsum.compile("ij,jk->ik", (4, 5), (5, 6))
+>>> prog.decomposition.steps[0].kind
+'GEMM'
+"""
+from __future__ import annotations
+
 from .decompose import Decomposition, Step, decompose
 from .errors import DeinsumError
 
 __version__ = "0.1.0"
-__all__ = ["DeinsumError", "Decomposition", "Step", "decompose", "__version__"]
+
+
+def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memory: int | None = None,
+            inputs: str = "global", output: str = "all"):
+    """Compile ``equation`` into a :class:`~deinsum.program.Program`.
+
+    With ``shapes`` it plans concretely; without, it is parametric and plans (and
+    caches) per distinct shapes and number of ranks at call time. ``memory`` is
+    the local memory per rank in elements (for the SOAP bounds). ``inputs`` says
+    where operands start ('global' on every rank, 'root' on rank 0, 'local'
+    blocks); ``output`` where the result goes ('all', 'root', 'distributed').
+    """
+    from .program import Program
+    return Program(equation, tuple(shapes) if shapes else None, nprocs, dtype, memory, inputs, output)
+
+
+def einsum(equation: str, *arrays, comm=None, **options):
+    """Distributed ``numpy.einsum``: every rank passes the arrays and gets the result."""
+    import numpy as np
+    return compile(equation, *[np.shape(a) for a in arrays], **options)(*arrays, comm=comm)
+
+
+__all__ = ["DeinsumError", "Decomposition", "Step", "compile", "decompose", "einsum", "__version__"]

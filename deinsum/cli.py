@@ -1,27 +1,145 @@
-"""The ``deinsum`` command line."""
+"""The ``deinsum`` command line: bounds, plans, emitted scripts and runs.
+
+    deinsum bound "ijk,ja,ka->ia" --latex
+    deinsum plan "ijk,ja,ka->ia" --size i=1024,j=1024,k=1024,a=24 -P 64
+    deinsum emit "ijk,ja,ka->ia" --size i=64,j=64,k=64,a=8 -P 8 -o prog.py
+    deinsum run "ijk,ja,ka->ia" --size i=64,j=64,k=64,a=8 -n 4 --validate
+"""
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from . import __version__
 from .errors import DeinsumError
 
 
+def parse_sizes(options: list[str]) -> dict[str, int]:
+    """``["i=4,j=5", "k=6"]`` -> ``{"i": 4, "j": 5, "k": 6}``.
+
+    >>> parse_sizes(["i=4,j=5", "k=6"])
+    {'i': 4, 'j': 5, 'k': 6}
+    """
+    sizes = {}
+    for option in options:
+        for item in option.split(","):
+            name, sep, value = item.strip().partition("=")
+            if not sep or len(name) != 1 or not name.isalpha() or not value.isdigit():
+                raise DeinsumError(f"--size {item!r}: expected INDEX=INT, e.g. i=1024")
+            sizes[name] = int(value)
+    return sizes
+
+
+def shapes_from_sizes(equation: str, sizes: dict[str, int]) -> list[tuple[int, ...]]:
+    """Operand shapes of ``equation`` from per-index sizes."""
+    lhs = "".join(equation.split()).partition("->")[0]
+    if "..." in lhs:
+        raise DeinsumError("the command line takes no '...': name every index and give its --size")
+    terms = lhs.split(",")
+    unknown = sorted(set(sizes) - set("".join(terms)))
+    if unknown:
+        raise DeinsumError(f"--size names {', '.join(unknown)}, which {equation!r} does not use")
+    missing = sorted({c for t in terms for c in t if c.isalpha() and c not in sizes})
+    if missing:
+        raise DeinsumError(f"--size: no size given for index {', '.join(repr(c) for c in missing)}")
+    return [tuple(sizes[c] for c in t) for t in terms]
+
+
+def _program(args, nprocs=None):
+    from . import compile as compile_einsum
+    shapes = shapes_from_sizes(args.equation, parse_sizes(args.size)) if args.size else []
+    return compile_einsum(args.equation, *shapes, nprocs=nprocs, dtype=args.dtype, memory=args.memory)
+
+
+def cmd_bound(args) -> int:
+    prog = _program(args)
+    print(prog.report("latex" if args.latex else "json" if args.json else "text", nprocs=args.nprocs))
+    return 0
+
+
+def cmd_plan(args) -> int:
+    if not args.size:
+        raise DeinsumError("plan needs sizes: --size i=...,j=...")
+    prog = _program(args, args.nprocs)
+    print(prog.report("json" if args.json else "text", nprocs=args.nprocs))
+    return 0
+
+
+def cmd_emit(args) -> int:
+    if not args.size:
+        raise DeinsumError("emit needs sizes: --size i=...,j=...")
+    path = _program(args, args.nprocs).to_script(args.output)
+    print(f"wrote {path} (run: mpiexec -n {args.nprocs} python -m mpi4py {path} --validate)")
+    return 0
+
+
+def cmd_run(args) -> int:
+    if not args.size:
+        raise DeinsumError("run needs sizes: --size i=...,j=...")
+    prog = _program(args, args.nprocs)
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    with tempfile.TemporaryDirectory() as tmp:
+        script = prog.to_script(Path(tmp) / "program.py")
+        cmd = [str(mpiexec), "-n", str(args.nprocs), sys.executable, "-m", "mpi4py", str(script),
+               "--repeat", str(args.repeat)] + (["--validate"] if args.validate else [])
+        try:
+            return subprocess.run(cmd, timeout=args.timeout).returncode
+        except subprocess.TimeoutExpired:
+            raise DeinsumError(f"mpiexec did not finish within --timeout {args.timeout} s") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit code 2)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="deinsum", description="Communication-optimal distributed einsums.")
+    parser = _Parser(prog="deinsum", description="Communication-optimal distributed einsums.")
     parser.add_argument("--version", action="version", version=f"deinsum {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name, func, help_text, ranks_flag=None, ranks_required=False):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("equation", help='the einsum, e.g. "ijk,ja,ka->ia"')
+        p.add_argument("--size", action="append", default=[], help="index sizes, e.g. i=1024,j=512 (repeatable)")
+        p.add_argument("--dtype", default="float64", help="element type (default float64)")
+        p.add_argument("--memory", type=int, default=None, help="local memory per rank, in elements (SOAP S)")
+        if ranks_flag:
+            p.add_argument(*ranks_flag, dest="nprocs", type=int, required=ranks_required, default=None,
+                           help="number of MPI ranks")
+        p.set_defaults(run=func)
+        return p
+
+    b = command("bound", cmd_bound, "SOAP I/O lower bound, optimal tiles and fusion", ("-P", "--nprocs"))
+    fmt = b.add_mutually_exclusive_group()
+    fmt.add_argument("--latex", action="store_true", help="booktabs table and formulas")
+    fmt.add_argument("--json", action="store_true", help="JSON data")
+    p = command("plan", cmd_plan, "groups, grids, layouts and bytes per rank for P ranks (no MPI needed)",
+                ("-P", "--nprocs"), True)
+    p.add_argument("--json", action="store_true", help="JSON data")
+    e = command("emit", cmd_emit, "write a standalone mpi4py program", ("-P", "--nprocs"), True)
+    e.add_argument("-o", "--output", required=True, help="the program file to write")
+    r = command("run", cmd_run, "emit the program and run it under mpiexec", ("-n", "--nprocs"), True)
+    r.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0")
+    r.add_argument("--repeat", type=int, default=3, help="runs to time (median [min, max])")
+    r.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     try:
-        if args.command is None:
-            parser.print_help()
-            return 0
+        if getattr(args, "nprocs", None) is not None and args.nprocs < 1:
+            raise DeinsumError(f"the number of ranks must be >= 1, not {args.nprocs}")
         return args.run(args)
     except DeinsumError as exc:
         print(f"deinsum: error: {exc}", file=sys.stderr)

@@ -33,6 +33,13 @@ def _ascii_map(*subscripts):
     return ["".join(table[c] for c in s) for s in subscripts]
 
 
+def reference_einsum(equation, *operands):
+    """``numpy.einsum`` of an explicit equation whose letters numpy may not accept."""
+    lhs, out = equation.split("->")
+    *subs, o = _ascii_map(*lhs.split(","), out)
+    return np.einsum(",".join(subs) + "->" + o, *operands)
+
+
 def unary(a, sub, out):
     """Diagonal extraction, sums and transposes of one operand: ``einsum(sub->out)``.
 

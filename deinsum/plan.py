@@ -1,0 +1,194 @@
+"""The one immutable Plan: groups, grids, layouts and every data movement.
+
+Planning is pure (no MPI): a Plan can be built for any number of ranks. The
+report, the in-process runtime and the emitted script all read it.
+
+>>> from deinsum.decompose import decompose
+>>> plan = build_plan(decompose("ij,jk->ik", (64, 64), (64, 64)), nprocs=8)
+>>> plan.groups[0].grid.dims
+(2, 2, 2)
+>>> plan.model_bytes()[0] == plan.model_bytes()[1]
+True
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .decompose import Decomposition, Step
+from .errors import DeinsumError
+from .grids import GridChoice, Layout, plan_grid
+from .redistribute import Redistribution, plan_redistribution
+from .soap import analyze
+
+INPUT_MODES = ("global", "root", "local")
+OUTPUT_MODES = ("all", "root", "distributed")
+#: Default local memory per rank, in elements, for the SOAP bounds (1 GiB of float64).
+DEFAULT_MEMORY = 2**27
+
+
+def entry_layout(mode: str, shape: tuple[int, ...], nprocs: int) -> Layout:
+    """Where an operand starts: on every rank, on rank 0, or evenly block-distributed."""
+    if mode == "global":
+        return Layout.replicated(shape, nprocs)
+    if mode == "root":
+        return Layout.on_root(shape, nprocs)
+    return Layout.even(shape, nprocs)
+
+
+def exit_layout(mode: str, shape: tuple[int, ...], nprocs: int) -> Layout:
+    """Where the result ends: on every rank, on rank 0, or evenly distributed."""
+    return {"all": Layout.replicated, "root": Layout.on_root, "distributed": Layout.even}[mode](shape, nprocs)
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One fused group of binary steps, run on one Cartesian grid."""
+
+    index: int
+    steps: tuple[Step, ...]
+    grid: GridChoice
+    reads: tuple[tuple[str, str], ...]   # (tensor, subscripts) coming from outside the group
+    output: str
+    output_subscripts: str
+
+    @property
+    def indices(self) -> str:
+        return self.grid.indices
+
+
+@dataclass(frozen=True)
+class Move:
+    """A planned redistribution of one tensor from ``src`` to ``dst`` layout."""
+
+    tensor: str
+    phase: str
+    src: Layout
+    dst: Layout
+    redistribution: Redistribution
+
+    @property
+    def label(self) -> str:
+        return f"{self.tensor}: {self.phase}"
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """Everything needed to run (or emit) one einsum on ``nprocs`` ranks."""
+
+    decomposition: Decomposition
+    nprocs: int
+    dtype: np.dtype
+    memory: int
+    inputs: str
+    output: str
+    analysis: object
+    groups: tuple[GroupPlan, ...]
+    entry: tuple[Layout, ...]
+    exit: Layout
+    schedule: tuple[tuple[str, object], ...]   # ("move", Move) | ("compute", GroupPlan), in order
+
+    @property
+    def equation(self) -> str:
+        return self.decomposition.equation
+
+    @property
+    def moves(self) -> tuple[Move, ...]:
+        return tuple(item for kind, item in self.schedule if kind == "move")
+
+    def model_bytes(self) -> list[tuple[int, int]]:
+        """Predicted (bytes sent, bytes received) of every rank, from the redistribution plans."""
+        size = self.dtype.itemsize
+        return [(sum(m.redistribution.bytes_sent(r, size) for m in self.moves),
+                 sum(m.redistribution.bytes_received(r, size) for m in self.moves)) for r in range(self.nprocs)]
+
+    def __str__(self) -> str:
+        d = self.decomposition
+        lines = [f"deinsum plan for {d.equation!r} on {self.nprocs} rank(s), dtype {self.dtype.name}",
+                 f"  start: inputs {self.inputs}; result {self.output}; local memory S = {self.memory} elements",
+                 str(d), ""]
+        for g in self.groups:
+            ops = "; ".join(s.operation for s in g.steps)
+            dims = ", ".join(f"{c}={p}" for c, p in zip(g.indices, g.grid.dims))
+            lines.append(f"  group {g.index}: {ops}")
+            lines.append(f"    grid ({dims}) on {g.grid.used} of {self.nprocs} ranks"
+                         + (f"; {g.grid.idle} idle: {g.grid.reason}" if g.grid.idle else ""))
+        lines.append("")
+        lines.append("  data movement (bytes per rank, max over ranks):")
+        size = self.dtype.itemsize
+        for m in self.moves:
+            worst = max(m.redistribution.bytes_received(r, size) for r in range(self.nprocs))
+            lines.append(f"    {m.label:<32} {worst:>14,}")
+        sent, received = zip(*self.model_bytes())
+        lines.append(f"  total received per rank: max {max(received):,} bytes, "
+                     f"mean {sum(received) / self.nprocs:,.0f}")
+        return "\n".join(lines)
+
+
+def _group_reads(steps: tuple[Step, ...]) -> tuple[tuple[str, str], ...]:
+    produced = {s.name for s in steps}
+    reads = []
+    for s in steps:
+        for name, sub in zip(s.operands, s.subscripts):
+            if name not in produced:
+                reads.append((name, sub))
+    return tuple(reads)
+
+
+def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memory: int | None = None,
+               inputs: str = "global", output: str = "all") -> Plan:
+    """Plan ``decomposition`` on ``nprocs`` ranks (pure; no MPI needed)."""
+    d = decomposition
+    if d.sizes is None:
+        raise DeinsumError("a run plan needs concrete sizes: pass operand shapes")
+    if not isinstance(nprocs, (int, np.integer)) or nprocs < 1:
+        raise DeinsumError(f"nprocs must be an integer >= 1, not {nprocs!r}")
+    if inputs not in INPUT_MODES:
+        raise DeinsumError(f"inputs={inputs!r}: expected one of {', '.join(INPUT_MODES)}")
+    if output not in OUTPUT_MODES:
+        raise DeinsumError(f"output={output!r}: expected one of {', '.join(OUTPUT_MODES)}")
+    if inputs == "local" and d.prepass:
+        names = ", ".join(s.operands[0] for s in d.prepass)
+        raise DeinsumError(f"operand(s) {names} need a unary pre-pass (diagonal, sum or broadcast): "
+                           f"pass global arrays (inputs='global' or 'root')")
+    dtype = np.dtype(dtype)
+    memory = DEFAULT_MEMORY if memory is None else int(memory)
+    sizes = d.sizes
+    shape_of = lambda sub: tuple(sizes[c] for c in sub)  # noqa: E731
+
+    layouts = {name: entry_layout(inputs, shape_of(sub), nprocs)
+               for name, sub in zip(d.input_names, d.input_subscripts)}
+    entry = tuple(layouts[n] for n in d.input_names)
+    analysis = analyze(d, S=memory, P=nprocs) if d.steps else None
+    schedule, groups = [], []
+    for g, bound in enumerate(analysis.groups if analysis else ()):
+        steps = tuple(d.steps[k] for k in bound.steps)
+        tile = bound.parallel.tiles
+        reads = _group_reads(steps)
+        last = steps[-1]
+        is_last = g == len(analysis.groups) - 1
+        target = exit_layout(output, shape_of(last.output), nprocs) if is_last else None
+        choice = plan_grid(bound.statement.variables, sizes, tuple(sub for _, sub in reads), last.output, nprocs,
+                           tile=tile, sources=tuple(layouts[name] for name, _ in reads), target=target)
+        for name, sub in reads:
+            dst = choice.layout(sub, sizes, partial=False)
+            src = layouts[name]
+            if src != dst:
+                phase = "distribute" if name in d.input_names else ("reduce" if src.partial else "redistribute")
+                schedule.append(("move", Move(name, phase, src, dst, plan_redistribution(src, dst, nprocs))))
+            layouts[name] = dst
+        group = GroupPlan(g, steps, choice, reads, last.name, last.output)
+        groups.append(group)
+        schedule.append(("compute", group))
+        layouts[last.name] = choice.layout(last.output, sizes, partial=True)
+    if not d.steps:  # a single operand: the pre-pass makes the result where the operand is
+        layouts["out"] = entry_layout(inputs, shape_of(d.output), nprocs)
+    final = exit_layout(output, shape_of(d.output), nprocs)
+    src = layouts["out"]
+    if src != final:
+        phase = "reduce" if src.partial and src.grid == final.grid else "gather"
+        schedule.append(("move", Move("out", phase, src, final, plan_redistribution(src, final, nprocs))))
+    return Plan(d, int(nprocs), dtype, memory, inputs, output, analysis, tuple(groups), entry, final,
+                tuple(schedule))
+

@@ -1,0 +1,198 @@
+"""The compiled program: plans per shapes/P, runs under MPI, emits scripts, reports bounds.
+
+>>> import deinsum
+>>> prog = deinsum.compile("ijk,ja,ka->ia", (40, 30, 20), (30, 8), (20, 8))
+>>> plan = prog.plan(nprocs=8)
+>>> [s.kind for s in plan.decomposition.steps]
+['KRP', 'TDOT']
+>>> plan.groups[0].grid.used
+8
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .codegen.emit import generate
+from .decompose import Decomposition, decompose
+from .errors import DeinsumError
+from .grids import Layout
+from .plan import Plan, build_plan
+from .soap import analyze
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What one call measured on this rank: seconds per phase and bytes moved, next to the model."""
+
+    rank: int
+    seconds: dict
+    bytes_sent: int
+    bytes_received: int
+    model_sent: int
+    model_received: int
+
+    @property
+    def matches_model(self) -> bool:
+        return (self.bytes_sent, self.bytes_received) == (self.model_sent, self.model_received)
+
+    def __str__(self) -> str:
+        phases = ", ".join(f"{k} {v:.6f} s" for k, v in self.seconds.items())
+        return (f"rank {self.rank}: {phases}; sent {self.bytes_sent} B, received {self.bytes_received} B "
+                f"(model {self.model_sent}/{self.model_received})")
+
+
+@dataclass(frozen=True)
+class DistributedResult:
+    """The result left distributed: this rank's block and the layout saying who holds what."""
+
+    local: np.ndarray | None
+    layout: Layout
+    rank: int
+
+    @property
+    def block(self):
+        """This rank's slice of the global result (None where it holds nothing)."""
+        return self.layout.block(self.rank)
+
+
+def as_dtype(value) -> np.dtype:
+    """``np.dtype(value)`` for int/float/complex types, else a DeinsumError."""
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        raise DeinsumError(f"dtype {value!r} is not a numpy data type") from None
+    if dtype.kind not in "iufc":
+        raise DeinsumError(f"dtype {dtype.name}: expected an integer, float or complex type")
+    return dtype
+
+
+@lru_cache(maxsize=64)
+def _compiled(plan: Plan):
+    source = generate(plan)
+    return source, compile(source, f"<deinsum program {plan.equation}>", "exec")
+
+
+@dataclass
+class Program:
+    """An einsum compiled for distributed execution (see :func:`deinsum.compile`)."""
+
+    equation: str
+    shapes: tuple[tuple[int, ...], ...] | None = None
+    nprocs: int | None = None
+    dtype: np.dtype | None = None
+    memory: int | None = None
+    inputs: str = "global"
+    output: str = "all"
+    last_run: RunReport | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        if self.shapes is not None:
+            self.shapes = tuple(tuple(int(n) for n in s) for s in self.shapes)
+        self.dtype = None if self.dtype is None else as_dtype(self.dtype)
+        self.decomposition: Decomposition = (decompose(self.equation, *self.shapes) if self.shapes is not None
+                                             else decompose(self.equation))
+
+    # ---- planning and reports (pure, no MPI) ---------------------------------------------------
+    def plan(self, shapes: Sequence[Sequence[int]] | None = None, nprocs: int | None = None, dtype=None,
+             inputs: str | None = None, output: str | None = None) -> Plan:
+        """The plan for these shapes, ranks, dtype and entry/exit layouts (cached)."""
+        shapes = self.shapes if shapes is None else tuple(tuple(int(n) for n in s) for s in shapes)
+        if shapes is None:
+            raise DeinsumError(f"{self.equation!r} was compiled without shapes: pass shapes to plan()")
+        nprocs = nprocs if nprocs is not None else self.nprocs
+        if nprocs is None:
+            raise DeinsumError("the number of ranks is unknown: pass nprocs")
+        dtype = as_dtype(dtype if dtype is not None else self.dtype if self.dtype is not None else np.float64)
+        return _plan(self.equation, shapes, int(nprocs), dtype, self.memory, inputs or self.inputs,
+                     output or self.output)
+
+    def analysis(self, nprocs: int | None = None):
+        """SOAP bounds and fusion: symbolic without shapes, numeric and parallel with them."""
+        p = nprocs if nprocs is not None else self.nprocs
+        return analyze(self.decomposition, S=self.memory, P=p)
+
+    def report(self, format: str = "text", nprocs: int | None = None) -> str:
+        """The bounds report (``text``, ``latex`` or ``json``) followed, with shapes and P, by the plan."""
+        a = self.analysis(nprocs)
+        if format == "latex":
+            return a.latex()
+        if format == "json":
+            import json
+            data = a.to_dict()
+            if self.shapes is not None and (nprocs or self.nprocs):
+                plan = self.plan(nprocs=nprocs)
+                data["model_bytes_per_rank"] = plan.model_bytes()
+            return json.dumps(data, indent=2, default=str)
+        if format != "text":
+            raise DeinsumError(f"report format {format!r}: expected text, latex or json")
+        text = str(a)
+        if self.shapes is not None and (nprocs or self.nprocs):
+            text += "\n\n" + str(self.plan(nprocs=nprocs))
+        return text
+
+    def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None) -> Path:
+        """Write a standalone mpi4py program (inputs and result on rank 0); atomic write."""
+        plan = self.plan(nprocs=nprocs, dtype=dtype, inputs="root", output="root")
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(generate(plan))
+        tmp.replace(path)
+        return path
+
+    def input_blocks(self, rank: int, nprocs: int, dtype=None) -> list[tuple[slice, ...] | None]:
+        """The slice of each operand that ``rank`` must pass with ``inputs='local'``."""
+        plan = self.plan(nprocs=nprocs, dtype=dtype, inputs="local")
+        return [layout.block(rank) for layout in plan.entry]
+
+    # ---- running -----------------------------------------------------------------------------------
+    def __call__(self, *arrays, comm=None, inputs: str | None = None, output: str | None = None):
+        """Run on ``comm`` (default COMM_WORLD); returns the result as ``output`` asks."""
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD if comm is None else comm
+        inputs, output = inputs or self.inputs, output or self.output
+        nops = len(self.decomposition.raw_subscripts)
+        if len(arrays) != nops:
+            raise DeinsumError(f"{self.equation!r} takes {nops} operands, got {len(arrays)}")
+        shapes, dtype = self._shapes_and_dtype(arrays, comm, inputs)
+        plan = self.plan(shapes, comm.size, dtype, inputs, output)
+        holds = inputs == "global" or inputs == "local" or comm.rank == 0
+        operands = [np.asarray(a, dtype=dtype) if holds else None for a in arrays]
+        if inputs == "local":
+            for n, (a, layout) in enumerate(zip(operands, plan.entry)):
+                want = layout.local_shape(comm.rank)
+                if a.shape != tuple(want):
+                    raise DeinsumError(f"operand {n}: rank {comm.rank} must pass its block of shape {tuple(want)}"
+                                       f" (see Program.input_blocks), not {a.shape}")
+        ns: dict = {"__name__": "deinsum_program"}
+        exec(_compiled(plan)[1], ns)
+        log, clock = ns["ByteLog"](), ns["Clock"]()
+        result = ns["run_program"](comm, operands, log, clock)
+        model = plan.model_bytes()[comm.rank]
+        self.last_run = RunReport(comm.rank, dict(clock.seconds), log.bytes_sent, log.bytes_received, *model)
+        if output == "distributed":
+            return DistributedResult(result, plan.exit, comm.rank)
+        return result
+
+    def _shapes_and_dtype(self, arrays, comm, inputs):
+        if inputs == "root":
+            meta = None
+            if comm.rank == 0:
+                meta = ([np.shape(a) for a in arrays], np.result_type(*[np.asarray(a) for a in arrays]).str)
+            shapes, code = comm.bcast(meta, root=0)
+            return tuple(map(tuple, shapes)), np.dtype(code)
+        dtype = self.dtype if self.dtype is not None else np.result_type(*[np.asarray(a) for a in arrays])
+        if inputs == "local":
+            if self.shapes is None:
+                raise DeinsumError("inputs='local' needs the global shapes: compile with shapes")
+            return self.shapes, np.dtype(dtype)
+        return tuple(np.shape(a) for a in arrays), np.dtype(dtype)
+
+
+@lru_cache(maxsize=128)
+def _plan(equation, shapes, nprocs, dtype, memory, inputs, output) -> Plan:
+    return build_plan(decompose(equation, *shapes), nprocs, dtype, memory, inputs, output)

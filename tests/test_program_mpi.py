@@ -1,0 +1,69 @@
+"""compile(...)(*arrays) under real mpiexec at P = 1..8: equals numpy, bytes == model."""
+import json
+
+import pytest
+
+from mpirun import run_mpi_script
+from random_cases import random_einsums
+from suite import SUITE, shapes_for
+
+CASES = [(eq, shapes_for(eq, sizes)) for eq, sizes in SUITE.values()] + random_einsums(200, seed=7)
+
+DRIVER = """
+import json, sys
+import numpy as np
+from mpi4py import MPI
+import deinsum
+
+comm = MPI.COMM_WORLD
+cases = json.load(open(sys.argv[1]))
+modes = [("global", "all"), ("root", "root"), ("local", "distributed")]
+rng = np.random.default_rng(0)
+failures, runs = [], 0
+for n, (eq, shapes) in enumerate(cases):
+    dtype = [np.float64, np.complex64, np.float32, np.complex128][n % 4]
+    arrays = [np.asarray(rng.uniform(-1, 1, s), dtype=dtype) for s in shapes]
+    want = np.einsum(eq, *arrays)
+    tol = 1e-4 if dtype in (np.float32, np.complex64) else 1e-10
+    inputs, output = modes[n % 3]
+    prog = deinsum.compile(eq, *shapes, dtype=dtype)
+    if inputs == "local" and prog.decomposition.prepass:
+        inputs = "global"
+    if inputs == "local":
+        blocks = prog.input_blocks(comm.rank, comm.size)
+        args = [a[b] for a, b in zip(arrays, blocks)]
+    elif inputs == "root":
+        args = arrays if comm.rank == 0 else [None] * len(arrays)
+    else:
+        args = arrays
+    got = prog(*args, inputs=inputs, output=output)
+    runs += 1
+    if output == "distributed":
+        block = got.block
+        got, want = (None, None) if block is None else (got.local, want[block])
+    elif output == "root" and comm.rank != 0:
+        got, want = None, None
+    if got is not None:
+        scale = np.max(np.abs(want), initial=0) + 1
+        if np.shape(got) != np.shape(want) or not np.allclose(got, want, rtol=tol, atol=tol * scale):
+            failures.append(f"{eq} {shapes} {inputs}->{output}: wrong values on rank {comm.rank}")
+    if not prog.last_run.matches_model:
+        failures.append(f"{eq} {shapes}: bytes {prog.last_run} != model")
+failures = comm.gather(failures, root=0)
+if comm.rank == 0:
+    bad = [f for rank in failures for f in rank]
+    print(json.dumps({"runs": runs, "failures": bad[:20], "nfail": len(bad)}))
+"""
+
+
+@pytest.mark.parametrize("nprocs", range(1, 9))
+def test_program_matches_numpy_and_model(nprocs, tmp_path):
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps(CASES))
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    res = run_mpi_script(nprocs, script, str(cases), timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["runs"] == len(CASES)
+    assert summary["nfail"] == 0, summary["failures"]
