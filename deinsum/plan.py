@@ -162,12 +162,14 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     entry = tuple(layouts[n] for n in d.input_names)
     analysis = analyze(d, S=memory, P=nprocs) if d.steps else None
     schedule, groups = [], []
-    for g, bound in enumerate(analysis.groups if analysis else ()):
-        steps = tuple(d.steps[k] for k in bound.steps)
+    # a group runs once its last step can: ordering by last step is a topological order
+    ordered = sorted(analysis.groups, key=lambda b: max(b.steps)) if analysis else []
+    for g, bound in enumerate(ordered):
+        steps = tuple(d.steps[k] for k in sorted(bound.steps))
         tile = bound.parallel.tiles
         reads = _group_reads(steps)
         last = steps[-1]
-        is_last = g == len(analysis.groups) - 1
+        is_last = g == len(ordered) - 1
         target = exit_layout(output, shape_of(last.output), nprocs) if is_last else None
         choice = plan_grid(bound.statement.variables, sizes, tuple(sub for _, sub in reads), last.output, nprocs,
                            tile=tile, sources=tuple(layouts[name] for name, _ in reads), target=target)

@@ -1,0 +1,186 @@
+"""Redistribution planning (pure): piece plans agree with the volume model and, executed in-process, move data exactly."""
+import ast
+import doctest
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import deinsum.codegen.exchange
+import deinsum.redistribute
+from deinsum.errors import DeinsumError
+from deinsum.grids import Layout
+from deinsum.redistribute import plan_entry, plan_exit, plan_redistribution, received_words
+
+
+def simulate(plan, blocks):
+    """Execute every rank's tables in-process, mirroring ``exchange``; ``blocks[r]`` is rank r's source block."""
+    for phase in range(len(plan.table(0))):
+        tables = [plan.table(r)[phase] for r in range(plan.nprocs)]
+        new = []
+        for rank, (in_held, in_shape, out_held, out_shape, sends, recvs, ops) in enumerate(tables):
+            assert not in_held or blocks[rank].shape == in_shape
+            out = np.full(out_shape, -7, dtype=blocks[0].dtype if blocks[0] is not None else int) if out_held else None
+            staged = {}
+            for peer, starts, subsizes, add in recvs:
+                (match,) = [s for s in tables[peer][4] if s[0] == rank]
+                assert match[2] == subsizes and peer != rank
+                piece = blocks[peer][tuple(slice(a, a + n) for a, n in zip(match[1], subsizes))]
+                if add:
+                    staged[peer] = piece
+                else:
+                    out[tuple(slice(a, a + n) for a, n in zip(starts, subsizes))] = piece
+            for peer, add, src, subsizes, dst in ops:
+                piece = blocks[rank][tuple(slice(a, a + n) for a, n in zip(src, subsizes))] if peer == rank \
+                    else staged[peer]
+                region = tuple(slice(a, a + n) for a, n in zip(dst, subsizes))
+                out[region] = out[region] + piece if add else piece
+            new.append(out)
+        blocks = new
+    return blocks
+
+
+def source_blocks(layout, nprocs, x):
+    """Rank blocks of ``x`` in ``layout``; partial summand k holds ``(k + 1) * block`` (exact in integers)."""
+    summand = layout.summand_index(nprocs)
+    return [None if layout.block(r) is None else x[layout.block(r)] * (summand[r] + 1) for r in range(nprocs)]
+
+
+def layouts(shape, nprocs):
+    """A deterministic zoo of layouts of ``shape`` on at most ``nprocs`` ranks."""
+    nd = len(shape)
+    zoo = [Layout.even(shape, nprocs), Layout.on_root(shape, nprocs), Layout.replicated(shape, nprocs)]
+    for rows in range(1, nprocs + 1):
+        cols = nprocs // rows
+        zoo.append(Layout(shape, (rows, cols), tuple([None] * (nd - 1) + [1]) if nd else ()))
+        if nd >= 2:
+            zoo.append(Layout(shape, (rows, cols, 1), (1, 0) + (None,) * (nd - 2)))
+    return zoo
+
+
+@st.composite
+def layout_pairs(draw):
+    nprocs = draw(st.integers(1, 9))
+    shape = tuple(draw(st.lists(st.integers(0, 7), min_size=0, max_size=3)))
+
+    def layout(partial_ok):
+        grid = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+        while math.prod(grid) > nprocs:
+            grid = grid[:-1] or (1,)
+        dims = list(range(len(grid)))
+        axes = tuple(dims.pop(draw(st.integers(0, len(dims) - 1))) if dims and draw(st.booleans()) else None
+                     for _ in shape)
+        partial = tuple(g for g in dims if partial_ok and draw(st.booleans()))
+        return Layout(shape, grid, axes, partial)
+
+    return layout(True), layout(False), nprocs
+
+
+@settings(max_examples=300, deadline=None)
+@given(layout_pairs())
+def test_plan_moves_data_exactly_and_matches_model(pair):
+    src, dst, nprocs = pair
+    plan = plan_redistribution(src, dst, nprocs)
+    x = np.arange(1, math.prod(src.shape) + 1, dtype=np.int64).reshape(src.shape)
+    result = simulate(plan, source_blocks(src, nprocs, x))
+    expect = x * (src.n_summands * (src.n_summands + 1) // 2)
+    for rank in range(nprocs):
+        block = dst.block(rank)
+        assert (result[rank] is None) == (block is None)
+        if block is not None:
+            assert np.array_equal(result[rank], expect[block])
+    assert plan.words_received == tuple(received_words(src, dst, nprocs).tolist())
+    assert sum(plan.words_sent) == sum(plan.words_received)
+    assert all(plan.bytes_received(r, 8) == 8 * plan.words_received[r] for r in range(nprocs))
+
+
+@pytest.mark.parametrize("shape", [(7,), (5, 1, 3), (2, 11), (1,), (), (0, 3)])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 5, 6, 8])
+def test_layout_zoo_round_trips(shape, nprocs):
+    x = np.arange(math.prod(shape), dtype=np.int32).reshape(shape)
+    zoo = layouts(shape, nprocs)
+    for src in zoo:
+        for dst in zoo:
+            plan = plan_redistribution(src, dst, nprocs)
+            result = simulate(plan, source_blocks(src, nprocs, x))
+            assert all(np.array_equal(result[r], x[dst.block(r)]) for r in range(nprocs) if dst.block(r))
+
+
+def test_local_data_costs_nothing():
+    shape = (6, 5)
+    assert plan_redistribution(Layout.even(shape, 4), Layout.even(shape, 4), 4).max_words_received == 0
+    assert plan_entry(Layout.even(shape, 4), 4, start="replicated").max_words_received == 0
+    scatter = plan_entry(Layout.even(shape, 4), 4)
+    assert scatter.words_sent[0] == 30 - math.prod(Layout.even(shape, 4).local_shape(0))
+    assert scatter.words_received[1:] == tuple(math.prod(Layout.even(shape, 4).local_shape(r)) for r in (1, 2, 3))
+
+
+@pytest.mark.parametrize("fan_in", [2, 3, 4, 8])
+def test_allreduce_is_reduce_scatter_then_allgather(fan_in):
+    n = 3 * 24
+    partial = Layout((n,), (3, fan_in), (0,), (1,))
+    plan = plan_redistribution(partial, Layout((n,), (3, fan_in), (0,)), 3 * fan_in)
+    block = n // 3
+    assert set(plan.words_received) == {2 * block * (fan_in - 1) // fan_in}
+    assert plan.method == ("direct" if fan_in == 2 else "reduce-scatter, then direct")
+
+
+def test_reduce_to_root_uses_reduce_scatter():
+    partial = Layout((16, 4), (4,), (None, None), (0,))
+    plan = plan_exit(partial, 4)
+    assert plan.method == "reduce-scatter, then direct"
+    assert plan.words_received[0] == 3 * 16 + (64 - 16)
+
+
+def test_replicas_share_the_sending():
+    src = Layout.replicated((12,), 4)
+    dst = Layout((12,), (1, 4), (None,))
+    plan = plan_redistribution(Layout((12,), (2, 2), (0,)), Layout.replicated((12,), 4), 4)
+    assert plan_redistribution(src, dst, 4).max_words_received == 0
+    assert max(plan.words_sent) == min(plan.words_sent) == 6
+
+
+def test_tables_are_plain_ints():
+    plan = plan_redistribution(Layout((5, 3), (2, 2), (0, None), (1,)), Layout.even((5, 3), 4), 4)
+
+    def plain(value):
+        return isinstance(value, tuple) and all(plain(v) for v in value) or type(value) is int
+
+    assert all(plain(plan.table(r)) for r in range(4))
+    assert eval(repr(plan.table(2))) == plan.table(2)
+
+
+def test_readable_summary():
+    text = str(plan_redistribution(Layout.even((6, 4), 4), Layout.on_root((6, 4), 4), 4))
+    assert "6x4" in text and "max 18 words/rank" in text
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: plan_redistribution(Layout.even((3,), 2), Layout.even((4,), 2), 2), "between shapes"),
+    (lambda: plan_redistribution(Layout.even((4,), 2), Layout((4,), (2,), (None,), (0,)), 2), "is partial"),
+    (lambda: plan_redistribution(Layout.even((4,), 4), Layout.even((4,), 2), 2), "do not fit 2 ranks"),
+    (lambda: plan_entry(Layout.even((4,), 2), 2, start="disk"), "'root' or 'replicated'"),
+    (lambda: plan_redistribution(Layout.even((4,), 2), Layout.even((4,), 2), 2).table(2), "rank 2 outside"),
+])
+def test_bad_input_is_a_one_line_deinsum_error(call, message):
+    with pytest.raises(DeinsumError, match=message) as info:
+        call()
+    assert "\n" not in str(info.value)
+
+
+def test_doctests():
+    assert doctest.testmod(deinsum.redistribute).failed == 0
+
+
+def test_exchange_is_standalone():
+    """Its source is pasted into generated scripts: numpy, mpi4py and the standard library only."""
+    tree = ast.parse(Path(deinsum.codegen.exchange.__file__).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                 and node.level == 0}
+    assert imported <= {"math", "numpy", "mpi4py"}
+    assert not any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))
+    assert doctest.testmod(deinsum.codegen.exchange).failed == 0

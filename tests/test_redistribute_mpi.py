@@ -1,0 +1,151 @@
+"""The redistribution layer under real ``mpiexec`` at P = 1..8: bit-exact data, measured bytes == modeled bytes.
+
+One launch per P runs every check (oversubscribed ranks are slow to start).
+"""
+import pytest
+
+from mpirun import check_mpi
+
+JOB = r'''
+import math
+import numpy as np
+from mpi4py import MPI
+from deinsum.grids import Layout, make_communicators, plan_grid
+from deinsum.redistribute import plan_entry, plan_exit, plan_redistribution
+from deinsum.codegen.exchange import ByteLog, exchange
+
+comm = MPI.COMM_WORLD
+P, rank = comm.size, comm.rank
+DTYPES = [np.float32, np.float64, np.complex64, np.complex128, np.int64, np.uint8, np.int16, np.float16,
+          np.longdouble, np.clongdouble]
+SHAPES = [(7,), (5, 1, 3), (2, 11), (13, 2, 1), (1,), ()]   # primes, sizes below grid dims, size 1, 0-d
+log = ByteLog()
+checks = 0
+
+
+def run(plan, local, dtype, label):
+    """Exchange, and check the bytes handed to MPI against the model."""
+    global checks
+    block = exchange(comm, plan.table(rank), local, dtype, log, label)
+    _, sent, received = log.records[-1]
+    size = np.dtype(dtype).itemsize
+    assert (sent, received) == (plan.bytes_sent(rank, size), plan.bytes_received(rank, size)), (label, sent, received)
+    checks += 1
+    return block
+
+
+def same(a, b):
+    """Bit-exact, except the padding bytes of x87 long doubles, which carry no value."""
+    if a.dtype in (np.longdouble, np.clongdouble) and a.dtype.itemsize > 10:
+        return a.dtype == b.dtype and np.array_equal(a, b)
+    return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def three_grids(shape):
+    """Even over all ranks; last axis split with replicas; axes crossed on 2*(P//2) ranks (one idle if P is odd)."""
+    nd = len(shape)
+    cols = max(d for d in range(1, math.isqrt(P) + 1) if P % d == 0)
+    pairs = (P // 2, 2) if P > 1 else (1, 1)
+    return [Layout.even(shape, P),
+            Layout(shape, (P // cols, cols), tuple([None] * (nd - 1) + [1]) if nd else ()),
+            Layout(shape, pairs, ((1, 0) + (None,) * (nd - 2)) if nd >= 2 else ((1,) if nd else ()))]
+
+
+def sample(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    wide = (2,) + tuple(shape)                    # root passes a non-contiguous view
+    if np.issubdtype(dtype, np.integer):
+        data = rng.integers(0, 100, size=wide)
+    else:
+        data = rng.standard_normal(wide) * 1e3
+        if np.issubdtype(dtype, np.complexfloating):
+            data = data + 1j * rng.standard_normal(wide)
+    return np.moveaxis(data.astype(dtype), 0, -1)[..., 1] if shape else data.astype(dtype)[1]
+
+
+# 1. scatter -> three grids -> gather / allgather, bit-exact, every dtype and shape
+for s, shape in enumerate(SHAPES):
+    grids = three_grids(shape)
+    for dtype in DTYPES:
+        x = sample(shape, dtype, seed=s)
+        block = run(plan_entry(grids[0], P), x if rank == 0 else None, dtype, "scatter")
+        for src, dst in zip(grids, grids[1:]):
+            local = np.asfortranarray(block) if block is not None and block.ndim > 1 else block
+            block = run(plan_redistribution(src, dst, P), local, dtype, "move")
+        gathered = run(plan_exit(grids[-1], P), block, dtype, "gather")
+        everywhere = run(plan_exit(grids[-1], P, end="replicated"), block, dtype, "allgather")
+        assert same(everywhere, x), (shape, dtype)
+        if rank == 0:
+            assert same(gathered, x), (shape, dtype)
+        else:
+            assert gathered is None
+        picked = run(plan_entry(grids[1], P, start="replicated"), x, dtype, "slice")
+        assert grids[1].block(rank) is None or same(picked, x[grids[1].block(rank)])
+
+# 2. partial sums: summand k holds (k+1) * block; reduce into an even layout and onto the root
+for shape in [(7, 3), (5,), (2, 1, 4)]:
+    x = np.arange(1, math.prod(shape) + 1).reshape(shape)
+    for grid in {(1, P), (P // 2 or 1, 2 if P > 1 else 1), (2 if P > 1 else 1, P // 2 or 1)}:
+        partial = Layout(shape, grid, (0,) + (None,) * (len(shape) - 1), (1,))
+        k = partial.summand_index(P)[rank]
+        expect = x * (grid[1] * (grid[1] + 1) // 2)
+        for dtype in (np.int64, np.float64, np.complex64):
+            local = None if partial.block(rank) is None else (x[partial.block(rank)] * (k + 1)).astype(dtype)
+            for dst in (Layout.even(shape, P), Layout(shape, grid, partial.axes), Layout.on_root(shape, P)):
+                block = run(plan_redistribution(partial, dst, P), local, dtype, "reduce")
+                assert dst.block(rank) is None or np.array_equal(block, expect[dst.block(rank)].astype(dtype))
+
+# 3. one local kernel on blocks + partial-sum reduction equals numpy; group bytes == planned volume
+KERNELS = [("ijk", ("ij", "jk"), "ik", dict(i=7, j=5, k=6)), ("ijka", ("ijk", "ja", "ka"), "ia", dict(i=5, j=4, k=3, a=2))]
+for indices, inputs, output, sizes in KERNELS:
+    choice = plan_grid(indices, sizes, inputs, output, P)
+    rng = np.random.default_rng(1)
+    for dtype in (np.float64, np.int64):
+        operands = [rng.integers(-9, 9, size=[sizes[c] for c in t]).astype(dtype) for t in inputs]
+        words = []
+        blocks = []
+        for t, array in zip(inputs, operands):
+            even = Layout.even(array.shape, P)
+            block = run(plan_entry(even, P), array if rank == 0 else None, dtype, "scatter " + t)
+            block = run(plan_redistribution(even, choice.layout(t, sizes), P), block, dtype, "in " + t)
+            words.append(log.records[-1][2])
+            blocks.append(block)
+        spec = ",".join(inputs) + "->" + output
+        part = np.einsum(spec, *blocks) if rank < choice.used else None
+        out_layout = choice.layout(output, sizes)
+        target = Layout.even(out_layout.shape, P)
+        block = run(plan_redistribution(out_layout, target, P), part, dtype, "out " + output)
+        words.append(log.records[-1][2])
+        result = run(plan_exit(target, P), block, dtype, "gather " + output)
+        if rank == 0:
+            assert np.array_equal(result, np.einsum(spec, *operands)), spec
+        busiest = comm.allreduce(sum(words), op=MPI.MAX)
+        assert busiest == choice.volume * np.dtype(dtype).itemsize, (busiest, choice)
+
+        # 4. the same reduction through the grid's reduction communicator (allreduce) agrees
+        comms = make_communicators(comm, choice, dict(zip(("A", "B", "C"), inputs)) | {"OUT": output})
+        allreduced = run(plan_redistribution(out_layout, choice.layout(output, sizes, partial=False), P),
+                         part, dtype, "allreduce")
+        if rank < choice.used:
+            assert comms.active and tuple(comms.cart.dims) == choice.dims
+            for name, t in dict(zip(("A", "B", "C"), inputs)).items():
+                assert comms.replication[name].size == math.prod(p for c, p in zip(indices, choice.dims) if c not in t)
+            assert comms.reduction.size == math.prod(choice.dims[g] for g in choice.reduction_dims)
+            summed = np.empty_like(part)
+            comms.reduction.Allreduce(part, summed, op=MPI.SUM)
+            assert np.array_equal(summed, allreduced)
+        else:
+            assert comms.cart == MPI.COMM_NULL and not comms.active and allreduced is None
+        comms.free()
+
+assert len(log.records) == checks
+total = comm.reduce(checks, op=MPI.SUM)
+if rank == 0:
+    print("OK", P, total)
+'''
+
+
+@pytest.mark.parametrize("nprocs", range(1, 9))
+def test_redistribution_layer_under_mpiexec(nprocs, tmp_path):
+    out = check_mpi(nprocs, JOB, tmp_path=tmp_path, timeout=170)
+    assert out.split()[:2] == ["OK", str(nprocs)], out
