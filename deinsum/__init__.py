@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 
 def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memory: int | None = None,
-            inputs: str = "global", output: str = "all"):
+            inputs: str = "global", output: str = "all", threads: str | None = "auto"):
     """Compile ``equation`` into a :class:`~deinsum.program.Program`.
 
     With ``shapes`` it plans concretely; without, it is parametric and plans (and
@@ -22,9 +22,11 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
     the local memory per rank in elements (for the SOAP bounds). ``inputs`` says
     where operands start ('global' on every rank, 'root' on rank 0, 'local'
     blocks); ``output`` where the result goes ('all', 'root', 'distributed').
+    ``threads='auto'`` pins BLAS threads at the first run so that ranks per node
+    x threads = cores (threadpoolctl); ``None`` leaves them alone.
     """
     from .program import Program
-    return Program(equation, tuple(shapes) if shapes else None, nprocs, dtype, memory, inputs, output)
+    return Program(equation, tuple(shapes) if shapes else None, nprocs, dtype, memory, inputs, output, threads)
 
 
 def einsum(equation: str, *arrays, comm=None, **options):

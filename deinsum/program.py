@@ -71,6 +71,9 @@ def as_dtype(value) -> np.dtype:
     return dtype
 
 
+_PINNED: list = []  # non-empty once this process pinned its BLAS threads
+
+
 @lru_cache(maxsize=64)
 def _compiled(plan: Plan):
     source = generate(plan)
@@ -88,6 +91,7 @@ class Program:
     memory: int | None = None
     inputs: str = "global"
     output: str = "all"
+    threads: str | None = "auto"
     last_run: RunReport | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
@@ -170,6 +174,9 @@ class Program:
                                        f" (see Program.input_blocks), not {a.shape}")
         ns: dict = {"__name__": "deinsum_program"}
         exec(_compiled(plan)[1], ns)
+        if self.threads == "auto" and not _PINNED:
+            ns["pin_blas_threads"](comm)
+            _PINNED.append(comm.size)
         log, clock = ns["ByteLog"](), ns["Clock"]()
         result = ns["run_program"](comm, operands, log, clock)
         model = plan.model_bytes()[comm.rank]

@@ -118,9 +118,9 @@ def _run_program(plan) -> str:
         out.append(f"    # {'-' * 8} group {g.index}: {'; '.join(s.operation for s in g.steps)}")
         out.append(f"    # grid ({dims}) on {g.grid.used} rank(s)"
                    + (f"; {g.grid.idle} idle ({g.grid.reason})" if g.grid.idle else ""))
-        if g.grid.reduction_dims:
-            red = ", ".join(g.indices[k] for k in g.grid.reduction_dims)
-            out.append(f"    # {g.output} holds partial sums over ({red}) until its next move")
+        split = [g.indices[k] for k in g.grid.reduction_dims if g.grid.dims[k] > 1]
+        if split:
+            out.append(f"    # {g.output} holds partial sums over ({', '.join(split)}) until its next move")
         out.append(f"    grid{g.index} = comm.Create_cart({list(g.grid.dims)!r}, reorder=False)")
         out.append("    with clock('compute'):")
         out.append(f"        if grid{g.index} != MPI.COMM_NULL:")

@@ -45,6 +45,22 @@ class Clock:
         return False
 
 
+def pin_blas_threads(comm):
+    """Limit BLAS threads so that ranks on this node x threads = cores (needs threadpoolctl).
+
+    Collective on ``comm``. Returns the threads per rank, or None without threadpoolctl.
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # optional in emitted scripts
+        return None
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    threads = max(1, (os.cpu_count() or 1) // node.size)
+    node.Free()
+    threadpool_limits(threads)
+    return threads
+
+
 class ProgramError(Exception):
     """A wrong run-time argument (sizes, number of ranks, input files)."""
 
@@ -131,13 +147,14 @@ def script_main(ns, argv=None):
         error = None
     except ProgramError as exc:
         error = str(exc)
-    error = comm.allreduce(error, op=MPI.MAX) if comm.size > 1 else error
+    error = next((e for e in comm.allgather(error) if e), None)  # every rank stops on any rank's error
     if error:
         if comm.rank == 0:
             print(f"error: {error}", file=sys.stderr)
         return 2
     if operands is None:
         operands = [None] * len(ns["INPUT_SHAPES"])
+    threads = pin_blas_threads(comm)
     runs = []
     for _ in range(args.repeat):
         log, clock = ByteLog(), Clock()
@@ -146,7 +163,7 @@ def script_main(ns, argv=None):
         result = ns["run_program"](comm, operands, log, clock)
         comm.Barrier()
         runs.append((MPI.Wtime() - start, clock.seconds, log))
-    report(comm, ns, runs)
+    report(comm, ns, runs, threads)
     status = 0
     if comm.rank == 0:
         if args.validate:
@@ -161,14 +178,16 @@ def script_main(ns, argv=None):
     return comm.bcast(status, root=0)
 
 
-def report(comm, ns, runs):
+def report(comm, ns, runs, threads):
     """Print median [min, max] seconds per phase and measured bytes per rank (rank 0)."""
     totals = [r[0] for r in runs]
     sent = comm.gather(runs[-1][2].bytes_sent, root=0)
     received = comm.gather(runs[-1][2].bytes_received, root=0)
     if comm.rank != 0:
         return
-    print(f"deinsum program {ns['EQUATION']!r}: {ns['NPROCS']} ranks, dtype {ns['DTYPE']}, {len(runs)} run(s)")
+    blas = "unpinned (no threadpoolctl)" if threads is None else f"{threads} BLAS thread(s) per rank"
+    print(f"deinsum program {ns['EQUATION']!r}: {ns['NPROCS']} ranks, {blas}, dtype {ns['DTYPE']}, "
+          f"{len(runs)} run(s); inputs start on rank 0, result gathered to rank 0 (both timed)")
     print(f"  total        {summarize(totals)} s")
     for phase in PHASES:
         samples = [r[1].get(phase, 0.0) for r in runs]

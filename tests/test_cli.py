@@ -1,0 +1,71 @@
+"""The `deinsum` command: help everywhere, one-line errors with exit code 2, real outputs."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DEINSUM = [str(Path(sys.executable).with_name("deinsum"))]
+MTTKRP = "ijk,ja,ka->ia"
+SIZES = "i=12,j=10,k=8,a=3"
+
+
+def run(*args, timeout=120):
+    return subprocess.run(DEINSUM + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["bound", "--help"], ["plan", "--help"], ["emit", "--help"],
+                                  ["run", "--help"]])
+def test_help(args):
+    res = run(*args)
+    assert res.returncode == 0 and "usage: deinsum" in res.stdout
+
+
+def test_version():
+    res = run("--version")
+    assert res.returncode == 0 and res.stdout.startswith("deinsum ")
+
+
+def test_bound_symbolic_text_latex_json():
+    text = run("bound", MTTKRP)
+    assert text.returncode == 0 and "3*N_a*N_i*N_j*N_k/S**(2/3)" in text.stdout
+    latex = run("bound", MTTKRP, "--latex")
+    assert latex.returncode == 0 and "\\toprule" in latex.stdout
+    data = json.loads(run("bound", MTTKRP, "--json").stdout)
+    assert data["equation"] == MTTKRP
+
+
+def test_plan_any_p_without_ranks():
+    res = run("plan", MTTKRP, "--size", SIZES, "-P", "13")
+    assert res.returncode == 0 and "on 13 rank(s)" in res.stdout and "grid (" in res.stdout
+    data = json.loads(run("plan", MTTKRP, "--size", SIZES, "-P", "6", "--json").stdout)
+    assert len(data["model_bytes_per_rank"]) == 6
+
+
+def test_emit_then_run(tmp_path):
+    out = tmp_path / "prog.py"
+    res = run("emit", MTTKRP, "--size", SIZES, "-P", "2", "-o", str(out))
+    assert res.returncode == 0 and out.exists()
+    res = run("run", MTTKRP, "--size", SIZES, "-n", "2", "--validate", "--repeat", "2", "--timeout", "120")
+    assert res.returncode == 0, res.stderr
+    assert "validate: OK" in res.stdout and "measured bytes == model" in res.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["plan", MTTKRP, "-P", "4"], "plan needs sizes"),
+    (["plan", MTTKRP, "--size", "i=12,j=10,k=8", "-P", "4"], "no size given for index 'a'"),
+    (["plan", MTTKRP, "--size", SIZES + ",z=3", "-P", "4"], "--size names z"),
+    (["plan", MTTKRP, "--size", "i=x", "-P", "4"], "expected INDEX=INT"),
+    (["plan", MTTKRP, "--size", SIZES, "-P", "0"], "must be >= 1"),
+    (["plan", "ij,jk->iq", "--size", "i=2,j=3,k=4", "-P", "2"], "index 'q' does not appear"),
+    (["emit", MTTKRP, "--size", SIZES, "-P", "2"], "the following arguments are required: -o"),
+    (["bound", "ij,jk->ik", "--dtype", "float1024"], "not a numpy data type"),
+    (["plan", MTTKRP, "--size", SIZES, "-P", "2", "--dtype", "bool"], "expected an integer, float or complex"),
+    (["nonsense"], "invalid choice"),
+])
+def test_errors_are_one_line_exit_2(args, message):
+    res = run(*args)
+    assert res.returncode == 2
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], res.stderr
