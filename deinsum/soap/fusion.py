@@ -1,0 +1,254 @@
+"""Fusion search over the SDG of a decomposition (soap.md section 6).
+
+The SDG has one vertex per tensor (inputs and step results) and an edge from
+every operand to the step result it feeds. A *group* is a connected set of
+binary steps; it becomes one SOAP statement. A group may not read, inside
+itself, an intermediate whose step sums indices (that result needs a complete
+reduction before it is read), so such a step ends its group. Every partition of
+the steps into valid groups is a candidate schedule, scored by the sum of its
+groups' bounds; the minimum is the program's bound.
+
+>>> from deinsum.decompose import decompose
+>>> a = analyze(decompose("ijk,ja,ka->ia"))
+>>> a.chosen, a.Q
+(((0, 1),), 3*N_a*N_i*N_j*N_k/S**(2/3))
+>>> [(c.partition, c.Q) for c in a.candidates][1]
+(((0,), (1,)), 2*N_a*N_i*N_j*N_k/sqrt(S) + N_a*N_j*N_k)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Sequence
+
+import sympy as sp
+
+from ..errors import DeinsumError
+from .numeric import NumericBound, check_positive, numeric_bound
+from .parallel import LAYOUT, ParallelBound, check_ranks, parallel_bound
+from .statement import P as P_SYMBOL, S as S_SYMBOL, Statement
+from .symbolic import SymbolicBound, symbolic_bound
+
+#: Fast memory (words) assumed for concrete sizes when no S is given: 2**27 words = 1 GiB of float64.
+DEFAULT_S = 2**27
+#: Without sizes, candidates are ranked by their bounds at N_v = REFERENCE_N for every index
+#: and S = REFERENCE_S (or the given S).
+REFERENCE_N = 2**16
+REFERENCE_S = 2**20
+#: The fusion search enumerates every partition; beyond this many it gives up.
+MAX_CANDIDATES = 20_000
+
+
+@dataclass(frozen=True)
+class GroupBound:
+    """One fused group: its steps (indices), statement and bounds.
+
+    ``numeric`` is set for concrete sizes, ``parallel`` when P is given too;
+    ``cost`` is the number the ranking used; ``S`` the given fast memory, if any.
+    """
+
+    steps: tuple[int, ...]
+    statement: Statement
+    numeric: NumericBound | None
+    parallel: ParallelBound | None
+    cost: float
+    S: float | None = None
+
+    @property
+    def symbolic(self) -> SymbolicBound:
+        """Closed form (computed on first use, then cached)."""
+        return symbolic_bound(self.statement)
+
+    @property
+    def Q(self):
+        """Sequential bound: a float for concrete sizes, else a SymPy expression (or None)."""
+        if self.numeric is not None:
+            return self.numeric.Q
+        return self.subs(self.symbolic.Q)
+
+    def subs(self, expr):
+        """``expr`` with the given S substituted (no-op without one)."""
+        if expr is None or self.S is None:
+            return expr
+        return expr.subs(S_SYMBOL, sp.Integer(int(self.S)) if self.S.is_integer() else sp.Float(self.S))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A partition of the steps into groups, with its total bound."""
+
+    partition: tuple[tuple[int, ...], ...]
+    groups: tuple[GroupBound, ...]
+    cost: float
+
+    @property
+    def Q(self):
+        """Total sequential bound (float for concrete sizes; SymPy sum, or None where a group has none)."""
+        parts = [g.Q for g in self.groups]
+        if any(q is None for q in parts):
+            return None
+        return sum(parts) if all(isinstance(q, float) for q in parts) else sp.Add(*parts)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Bounds, fusion candidates (best first) and the chosen schedule of one decomposition."""
+
+    equation: str
+    steps: tuple
+    sizes: dict[str, int] | None
+    S: float | None
+    P: int | None
+    sdg: tuple[tuple[str, str], ...]
+    candidates: tuple[Candidate, ...]
+    ranking: str
+
+    @property
+    def chosen(self) -> tuple[tuple[int, ...], ...]:
+        return self.candidates[0].partition
+
+    @property
+    def groups(self) -> tuple[GroupBound, ...]:
+        return self.candidates[0].groups
+
+    @property
+    def Q(self):
+        return self.candidates[0].Q
+
+    @property
+    def layout(self) -> str:
+        return LAYOUT
+
+    def __str__(self) -> str:
+        from .report import text
+        return text(self)
+
+    def latex(self) -> str:
+        from .report import latex
+        return latex(self)
+
+    def to_dict(self) -> dict:
+        from .report import as_dict
+        return as_dict(self)
+
+
+def sdg(steps: Sequence) -> tuple[tuple[str, str], ...]:
+    """Edges ``(operand tensor, result tensor)`` of the symbolic directed graph."""
+    return tuple((o, s.name) for s in steps for o in s.operands)
+
+
+def valid_groups(steps: Sequence) -> list[tuple[int, ...]]:
+    """Connected sets of steps in which no step reads a result that still needs a reduction.
+
+    >>> from deinsum.decompose import decompose
+    >>> valid_groups(decompose("ijk,ja,ka->ia").steps)
+    [(0,), (1,), (0, 1)]
+    >>> valid_groups(decompose("ij,jk,kl->il").steps)
+    [(0,), (1,)]
+    """
+    producer = {s.name: k for k, s in enumerate(steps)}
+    fusible = {k: set() for k in range(len(steps))}          # SDG edges between steps, minus reductions
+    for k, s in enumerate(steps):
+        for o in s.operands:
+            if o in producer and not steps[producer[o]].summed:
+                fusible[k].add(producer[o])
+                fusible[producer[o]].add(k)
+    found: set[frozenset] = set()
+    todo = [frozenset([k]) for k in fusible]
+    while todo:                                              # grow connected sets one neighbour at a time
+        g = todo.pop()
+        if g in found:
+            continue
+        found.add(g)
+        if len(found) > MAX_CANDIDATES:
+            raise DeinsumError(f"more than {MAX_CANDIDATES} fusible groups for {len(steps)} steps")
+        todo += [g | {k} for k in set().union(*(fusible[m] for m in g)) - g]
+    groups = [tuple(sorted(g)) for g in found]
+    return sorted(groups, key=lambda g: (len(g), g))
+
+
+def partitions(steps: Sequence) -> list[tuple[tuple[int, ...], ...]]:
+    """Every partition of the steps into valid groups.
+
+    >>> from deinsum.decompose import decompose
+    >>> partitions(decompose("ijk,ja,ka->ia").steps)
+    [((0,), (1,)), ((0, 1),)]
+    """
+    by_first: dict[int, list[tuple[int, ...]]] = {}
+    for g in valid_groups(steps):
+        by_first.setdefault(g[0], []).append(g)
+    out: list[tuple[tuple[int, ...], ...]] = []
+
+    def extend(done: frozenset, chosen: tuple):
+        if len(out) > MAX_CANDIDATES:
+            raise DeinsumError(f"more than {MAX_CANDIDATES} fusion candidates for {len(steps)} steps")
+        first = next((k for k in range(len(steps)) if k not in done), None)
+        if first is None:
+            out.append(chosen)
+            return
+        for g in by_first.get(first, []):
+            if done.isdisjoint(g):
+                extend(done | set(g), chosen + (g,))
+
+    extend(frozenset(), ())
+    return out
+
+
+def analyze(decomposition, S: float | None = None, P: int | None = None) -> Analysis:
+    """SOAP analysis of a decomposition (``deinsum.decompose``): every fusion candidate with its
+    bound, the best one, per-group statements, closed forms, size-aware bounds and tiles.
+
+    ``S``: fast/local memory in words. Without sizes the bounds stay symbolic in S
+    (S substituted when given); with sizes, S defaults to ``DEFAULT_S``. ``P``: ranks,
+    for the parallel bounds (numeric for concrete sizes, SymPy expressions otherwise).
+    The unary pre-pass is not part of the bound.
+    """
+    steps = tuple(decomposition.steps) or tuple(s for s in decomposition.prepass if s.name == "out")
+    if not steps:
+        raise DeinsumError("the decomposition has no steps to analyse")
+    sizes = None if decomposition.sizes is None else dict(decomposition.sizes)
+    if S is not None:
+        S = check_positive("S", S)
+    elif sizes is not None:
+        S = float(DEFAULT_S)
+    if P is not None:
+        P = check_ranks(P)
+    groups = {}
+    for g in valid_groups(steps):
+        st = Statement.from_steps([steps[k] for k in g])
+        if sizes is None:
+            groups[g] = GroupBound(g, st, None, None, _reference_cost(st.terms, S or REFERENCE_S), S)
+        else:
+            num = numeric_bound(st, sizes, S)
+            groups[g] = GroupBound(g, st, num, None, num.Q, S)
+    cands = sorted((Candidate(p, tuple(groups[g] for g in p), sum(groups[g].cost for g in p))
+                    for p in partitions(steps)), key=lambda c: (c.cost, len(c.partition), c.partition))
+    if P is not None and sizes is not None:
+        best = cands[0]
+        par = tuple(replace(g, parallel=parallel_bound(g.statement, sizes, P, S)) for g in best.groups)
+        cands[0] = replace(best, groups=par)
+    if sizes is None:
+        s_text = f"S = {S:g}" if S is not None else f"S = {REFERENCE_S}"
+        ranking = f"symbolic sizes: ranked at N_v = {REFERENCE_N} for every index, {s_text}"
+    else:
+        ranking = f"ranked by the size-aware numeric bound at S = {S:g}"
+    equation = getattr(decomposition, "equation", ",".join(steps[0].subscripts) + "->" + steps[-1].output)
+    return Analysis(equation, steps, sizes, S, P, sdg(steps), tuple(cands), ranking)
+
+
+@lru_cache(maxsize=4096)
+def _reference_cost(terms: tuple[str, ...], S: float) -> float:
+    """Bound at the reference point: the closed form where there is one, else the numeric bound."""
+    st = Statement(terms)
+    sym = symbolic_bound(st)
+    if sym.has_bound:
+        return float(REFERENCE_N) ** len(st.variables) / float(sym.rho.subs(S_SYMBOL, S))
+    return numeric_bound(st, {v: REFERENCE_N for v in st.variables}, S).Q
+
+
+def parallel_expressions(group: GroupBound, P: int | None) -> dict[str, sp.Expr | None]:
+    """Symbolic parallel bounds of a group (P and the given S substituted)."""
+    sym = group.symbolic
+    subs = {} if P is None else {P_SYMBOL: P}
+    return {k: None if e is None else group.subs(e.subs(subs))
+            for k, e in (("Q_dep", sym.Q_dep), ("Q_indep", sym.Q_indep), ("XP", sym.XP))}

@@ -1,0 +1,270 @@
+"""Numeric SOAP bounds for concrete sizes: the tile problem as a geometric program.
+
+In log space ``y_v = log t_v`` the tile problem
+``chi(X) = max prod t  s.t.  sum_T prod_{v in T} t_v <= X,  1 <= t_v <= N_v``
+is convex. Its Lagrangian dual ``D(mu) = max_y sum(y) - mu * sum_T exp(a_T . y)``
+over the box is a smooth concave maximisation (projected Newton), and
+``log chi(X) = min_mu mu X + D(mu)``. Minimising over ``X`` in closed form turns
+``rho = min_{S < X <= F} chi(X) / (X - S)`` into a 1-D minimisation over ``mu``
+(``F``: footprint of the whole iteration space, where ``chi`` saturates at ``|V|``).
+
+>>> from deinsum.soap import Statement
+>>> mttkrp = Statement.from_terms(["ijk", "ja", "ka"], "ia")
+>>> nb = numeric_bound(mttkrp, dict(i=10**4, j=10**4, k=10**4, a=24), S=10**4)
+>>> nb.clamped, round(nb.tiles["i"], 6), round(nb.tiles["a"], 6)     # t_a wants S^(2/3)/2 = 232 > 24
+(('a',), 208.333333, 24.0)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Mapping
+
+import numpy as np
+from scipy.optimize import brentq
+
+from ..errors import DeinsumError
+from .statement import Statement, Structure, check_sizes, is_trivial, structure
+
+#: The inner Newton solve stops when the squared Newton decrement falls below this.
+_DECREMENT_TOL = 1e-26
+
+
+class Problem:
+    """The tile problem of one statement with per-class bounds ``0 <= y_c <= hi_c``."""
+
+    def __init__(self, st: Structure, hi: np.ndarray):
+        self.st = st
+        self.A = st.incidence()
+        self.logm = np.log(np.asarray(st.mult, dtype=float))
+        self.m0 = float(st.scalars)
+        self.hi = np.asarray(hi, dtype=float)
+        self.n = len(st.classes)
+        self.unit = float(sum(st.mult))                       # footprint of one iteration (without scalars)
+        self.full = float(np.exp(self.A @ self.hi + self.logm).sum()) if np.all(np.isfinite(self.hi)) else math.inf
+        self.log_volume = float(self.hi.sum())
+        self._y = np.zeros(self.n)
+
+    def footprint(self, y: np.ndarray) -> float:
+        """Words of the non-scalar terms touched by tile ``y``."""
+        return float(np.exp(self.A @ y + self.logm).sum())
+
+    def dual(self, mu: float) -> tuple[float, np.ndarray]:
+        """``D(mu)`` and its maximiser ``y`` (projected Newton, warm-started)."""
+        A, logm, hi = self.A, self.logm, self.hi
+        y = np.clip(self._y, 0.0, hi)
+        s = np.exp(A @ y + logm)
+        f = y.sum() - mu * s.sum()
+        for _ in range(100):
+            grad = 1.0 - mu * (A.T @ s)
+            free = ~(((y <= 0.0) & (grad < 0)) | ((y >= hi) & (grad > 0)))
+            d = np.zeros(self.n)
+            while free.any():                                  # Newton step on the free variables, dropping
+                Af = A[:, free]                                # any that it would push through their bound
+                H = mu * (Af.T * s) @ Af
+                H[np.diag_indices_from(H)] += 1e-13 * H.trace() + 1e-300
+                d[:] = 0.0
+                d[free] = np.linalg.solve(H, grad[free])
+                out = free & (((y <= 0.0) & (d < 0)) | ((y >= hi) & (d > 0)))
+                if not out.any():
+                    break
+                free &= ~out
+            slope = grad @ d                                   # squared Newton decrement
+            if slope <= _DECREMENT_TOL:
+                break
+            d *= min(1.0, 30.0 / np.abs(d).max())
+            step = 1.0
+            while True:
+                y_new = np.clip(y + step * d, 0.0, hi)
+                s_new = np.exp(A @ y_new + logm)
+                f_new = y_new.sum() - mu * s_new.sum()
+                if f_new - f >= 1e-4 * min(slope * step, grad @ (y_new - y)) - 4e-16 * abs(f):
+                    break
+                step *= 0.5
+                if step < 1e-10:
+                    break
+            if step < 1e-10:
+                break
+            y, s, f = y_new, s_new, f_new
+        self._y = y
+        return f, y
+
+    def chi(self, X: float) -> tuple[float, np.ndarray]:
+        """``log chi(X)`` and the optimal class tile ``y`` (``-inf`` when one iteration does not fit)."""
+        Xp = X - self.m0
+        if Xp < self.unit * (1 - 1e-12):
+            return -math.inf, np.zeros(self.n)
+        if Xp >= self.full:
+            return self.log_volume, self.hi.copy()
+        return self._solve(lambda y: math.log(self.footprint(y)) - math.log(Xp), Xp)
+
+    def tile_for(self, log_iterations: float) -> tuple[float, np.ndarray]:
+        """Smallest footprint ``X`` (and tile) with ``log chi(X) = log_iterations``."""
+        if log_iterations >= self.log_volume:
+            return self.full + self.m0, self.hi.copy()
+        if log_iterations <= 0:
+            return self.unit + self.m0, np.zeros(self.n)
+        _, y = self._solve(lambda y: y.sum() - log_iterations, math.exp(log_iterations))
+        return self.footprint(y) + self.m0, y
+
+    def _solve(self, h, scale: float) -> tuple[float, np.ndarray]:
+        """Root in ``log mu`` of the decreasing function ``h(y(mu))``; returns ``(sum y, y)``."""
+        def g(lm):
+            return h(self.dual(math.exp(lm))[1])
+
+        self._y = np.zeros(self.n)
+
+        lo, hi = math.log(1e-3 / scale), math.log(10 * (self.unit + self.n) / scale)
+        while g(lo) < 0:
+            lo -= 5.0
+        while g(hi) > 0:
+            hi += 5.0
+        lm = brentq(g, lo, hi, xtol=1e-14, rtol=1e-15)
+        _, y = self.dual(math.exp(lm))
+        return float(y.sum()), y
+
+    def rho(self, S: float) -> tuple[float, float, np.ndarray]:
+        """``(log rho, X0, y at X0)``; ``log rho = inf`` when everything fits in ``S``.
+
+        ``psi(log mu) = D(mu) + mu S' + 1 + log mu`` is minimised over a grid, then
+        its derivative ``1 + mu (S' - footprint(y(mu)))`` is brought to zero next to
+        the best grid point; the end ``X = F`` (whole iteration space) is a candidate too.
+        """
+        Sp = S - self.m0
+        if Sp < self.unit:
+            raise DeinsumError(f"fast memory S={S:g} words cannot hold one iteration "
+                               f"({self.unit + self.m0:g} words)")
+        if self.full <= Sp:
+            return math.inf, self.full + self.m0, self.hi.copy()
+
+        def psi(lm):
+            mu = math.exp(lm)
+            return self.dual(mu)[0] + mu * Sp + 1 + lm
+
+        def dpsi(lm):
+            mu = math.exp(lm)
+            return 1 + mu * (Sp - self.footprint(self.dual(mu)[1]))
+
+        lm_hi = math.log(10 * (self.unit + self.n) / Sp)       # X - S = S / (10 (unit + n)): far left of X0
+        lm_lo = -math.log(self.full - Sp) if math.isfinite(self.full) else lm_hi - 40.0
+        lm_hi = max(lm_hi, lm_lo + 10.0)
+        grid = np.linspace(lm_hi, lm_lo, 13)                   # from small tiles up: warm starts
+        self._y = np.zeros(self.n)
+        k = int(np.argmin([psi(lm) for lm in grid]))
+        a, b = grid[min(k + 1, len(grid) - 1)], grid[max(k - 1, 0)]
+        lm = grid[k]                                           # refine where the derivative changes sign
+        if dpsi(a) < 0 < dpsi(b):
+            lm = brentq(dpsi, a, b, xtol=1e-13, rtol=1e-15)
+        best = psi(lm)
+        if math.isfinite(self.full):
+            edge = self.log_volume - math.log(self.full - Sp)
+            if edge <= best:
+                return edge, self.full + self.m0, self.hi.copy()
+        _, y = self.dual(math.exp(lm))
+        return best, self.footprint(y) + self.m0, y
+
+
+@lru_cache(maxsize=1024)
+def _problem(terms: tuple[str, ...], sizes: tuple[tuple[str, int], ...] | None) -> Problem:
+    st = structure(terms)
+    if sizes is None:
+        hi = np.full(len(st.classes), math.inf)
+    else:
+        sz = dict(sizes)
+        hi = np.array([sum(math.log(sz[v]) for v in c) for c in st.classes])
+    return Problem(st, hi)
+
+
+def problem(statement: Statement, sizes: Mapping[str, int] | None) -> Problem:
+    """The (cached) numeric problem; ``sizes=None``: no upper bounds (the asymptotic problem)."""
+    key = None if sizes is None else tuple(sorted(check_sizes(statement, sizes).items()))
+    return _problem(statement.terms, key)
+
+
+def split_tile(statement: Statement, pb: Problem, y: np.ndarray, sizes: Mapping[str, int] | None) -> dict[str, float]:
+    """Per-variable tiles from class tiles: equal shares in log space, capped at each size."""
+    out = {}
+    for cls, yc in zip(pb.st.classes, y):
+        caps = sorted(cls, key=lambda v: math.inf if sizes is None else sizes[v])
+        left = float(yc)
+        for n, v in enumerate(caps):
+            share = left / (len(caps) - n)
+            if sizes is not None:
+                share = min(share, math.log(sizes[v]))
+            out[v] = math.exp(share)
+            left -= share
+    return {v: out[v] for v in statement.variables}
+
+
+@dataclass(frozen=True)
+class NumericBound:
+    """SOAP bound for concrete sizes and fast memory ``S`` (words).
+
+    ``rho = inf`` and ``Q = 0`` when the whole footprint fits in ``S``. ``clamped``:
+    indices whose optimal tile is the whole dimension (``t_v = N_v > 1``).
+    """
+
+    statement: Statement
+    sizes: dict[str, int]
+    S: float
+    V: int
+    chi: float
+    X0: float
+    rho: float
+    Q: float
+    tiles: dict[str, float]
+    clamped: tuple[str, ...]
+
+    @property
+    def fits(self) -> bool:
+        return math.isinf(self.rho)
+
+    def to_dict(self) -> dict:
+        return {"statement": self.statement.equation, "sizes": dict(self.sizes), "S": self.S, "V": self.V,
+                "chi": self.chi, "X0": self.X0, "rho": self.rho, "Q": self.Q, "tiles": dict(self.tiles),
+                "clamped": list(self.clamped), "fits": self.fits}
+
+
+def clamped(tiles: Mapping[str, float], sizes: Mapping[str, int]) -> tuple[str, ...]:
+    return tuple(v for v, t in tiles.items() if sizes[v] > 1 and t >= sizes[v] * (1 - 1e-9))
+
+
+def numeric_bound(statement: Statement, sizes: Mapping[str, int], S: float) -> NumericBound:
+    """Size-aware sequential bound ``Q >= |V| / rho`` with ``rho = min_{S<X<=F} chi(X)/(X-S)``."""
+    sizes = check_sizes(statement, sizes)
+    S = check_positive("S", S)
+    if is_trivial(statement, sizes):  # nothing to tile: Q = 0
+        V = statement.iteration_space(sizes)
+        return NumericBound(statement, sizes, float(S), V, float(V), 0.0, math.inf, 0.0,
+                            {v: float(n) for v, n in sizes.items()}, ())
+    pb = problem(statement, sizes)
+    log_rho, X0, y = pb.rho(S)
+    tiles = split_tile(statement, pb, y, sizes)
+    V = statement.iteration_space(sizes)
+    rho = math.exp(log_rho) if math.isfinite(log_rho) else math.inf
+    return NumericBound(statement, sizes, float(S), V, math.exp(float(y.sum())), X0, rho, V / rho, tiles,
+                        clamped(tiles, sizes))
+
+
+def numeric_chi(statement: Statement, sizes: Mapping[str, int] | None, X: float) -> tuple[float, dict[str, float]]:
+    """``chi(X)`` and its optimal tile (``sizes=None``: no upper bounds).
+
+    >>> from deinsum.soap import Statement
+    >>> value, tile = numeric_chi(Statement.from_terms(["ik", "kj"], "ij"), None, 300.0)
+    >>> round(value, 6), round(tile["i"], 6)
+    (1000.0, 10.0)
+    """
+    pb = problem(statement, sizes)
+    log_chi, y = pb.chi(float(X))
+    return (math.exp(log_chi) if log_chi > -math.inf else 0.0), split_tile(statement, pb, y, sizes)
+
+
+def check_positive(name: str, value) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise DeinsumError(f"{name} must be a positive number, got {value!r}") from None
+    if not v > 0 or math.isinf(v):
+        raise DeinsumError(f"{name} must be a positive finite number, got {value!r}")
+    return v

@@ -1,0 +1,80 @@
+"""Parallel SOAP bounds for P ranks with S words of local memory each (soap.md section 5).
+
+* memory-dependent: every rank moves at least ``|V| / (P rho(S))`` words;
+* memory-independent: a rank performing ``|V|/P`` iterations touches at least
+  ``X_P`` words, ``chi(X_P) = |V|/P``, and receives at least ``X_P - owned``,
+  where ``owned`` is its share of the inputs in the starting layout below.
+
+The larger of the two binds. The tile at ``X_P`` is the per-rank block that
+process-grid selection aims for.
+
+>>> from deinsum.soap import Statement
+>>> pb = parallel_bound(Statement.from_terms(["ik", "kj"], "ij"), dict(i=4096, j=4096, k=4096), 64, 2**20)
+>>> pb.binding, round(pb.XP), round(pb.tiles["i"])
+('memory-independent', 3145728, 1024)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..errors import DeinsumError
+from .numeric import clamped, numeric_bound, problem, split_tile
+from .statement import Statement, check_sizes, is_trivial
+
+#: The starting layout every parallel figure assumes.
+LAYOUT = "inputs evenly block-distributed over all P ranks, no replication"
+
+
+@dataclass(frozen=True)
+class ParallelBound:
+    """Per-rank communication lower bounds (words) on P ranks with local memory S."""
+
+    statement: Statement
+    sizes: dict[str, int]
+    P: int
+    S: float
+    Q_dep: float
+    Q_indep: float
+    XP: float
+    owned: float
+    tiles: dict[str, float]
+    clamped: tuple[str, ...]
+    layout: str = LAYOUT
+
+    @property
+    def binding(self) -> str:
+        """Which bound is larger: ``"memory-dependent"`` or ``"memory-independent"``."""
+        return "memory-dependent" if self.Q_dep >= self.Q_indep else "memory-independent"
+
+    @property
+    def Q(self) -> float:
+        return max(self.Q_dep, self.Q_indep)
+
+    def to_dict(self) -> dict:
+        return {"statement": self.statement.equation, "sizes": dict(self.sizes), "P": self.P, "S": self.S,
+                "Q_dep": self.Q_dep, "Q_indep": self.Q_indep, "Q": self.Q, "binding": self.binding,
+                "XP": self.XP, "owned": self.owned, "tiles": dict(self.tiles), "clamped": list(self.clamped),
+                "layout": self.layout}
+
+
+def check_ranks(P) -> int:
+    if isinstance(P, bool) or not isinstance(P, int) or P < 1:
+        raise DeinsumError(f"P must be an int >= 1, got {P!r}")
+    return P
+
+
+def parallel_bound(statement: Statement, sizes: Mapping[str, int], P: int, S: float) -> ParallelBound:
+    """Memory-dependent and memory-independent per-rank bounds, and the per-rank tile."""
+    P = check_ranks(P)
+    sizes = check_sizes(statement, sizes)
+    seq = numeric_bound(statement, sizes, S)
+    owned = sum(statement.term_size(t, sizes) for t in statement.inputs) / P
+    if is_trivial(statement, sizes):
+        return ParallelBound(statement, sizes, P, seq.S, 0.0, 0.0, 0.0, owned, dict(seq.tiles), ())
+    pb = problem(statement, sizes)
+    XP, y = pb.tile_for(math.log(seq.V / P))
+    tiles = split_tile(statement, pb, y, sizes)
+    return ParallelBound(statement, sizes, P, seq.S, seq.Q / P, max(XP - owned, 0.0), XP, owned, tiles,
+                         clamped(tiles, sizes))

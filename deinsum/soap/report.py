@@ -1,0 +1,170 @@
+"""Text, LaTeX and JSON views of an :class:`~deinsum.soap.fusion.Analysis`.
+
+>>> from deinsum.decompose import decompose
+>>> from deinsum.soap import analyze
+>>> a = analyze(decompose("ik,kj->ij"))
+>>> print(a.latex().splitlines()[0])
+\\begin{table}[t]
+>>> a.to_dict()["groups"][0]["symbolic"]["Q"]
+'2*N_i*N_j*N_k/sqrt(S)'
+"""
+from __future__ import annotations
+
+import math
+
+import sympy as sp
+
+from .fusion import Analysis, GroupBound, parallel_expressions
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def _expr(e) -> str:
+    return "-" if e is None else str(e)
+
+
+def _group_name(a: Analysis, g: tuple[int, ...]) -> str:
+    return "+".join(a.steps[k].name for k in g)
+
+
+def _partition_name(a: Analysis, p) -> str:
+    return " ".join(f"[{_group_name(a, g)}]" for g in p)
+
+
+def _tiles(tiles: dict, fmt) -> str:
+    return " ".join(f"{v}={fmt(t)}" for v, t in tiles.items()) or "-"
+
+
+def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[c]) for r in [headers] + rows) for c in range(len(headers))]
+    line = lambda r: indent + "  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip()
+    return [line(headers), indent + "-" * (sum(widths) + 2 * len(widths) - 2)] + [line(r) for r in rows]
+
+
+def _note(g: GroupBound) -> str:
+    if g.symbolic.ok:
+        return "exact"
+    return "asymptotic" if g.symbolic.has_bound else "numeric only"
+
+
+def text(a: Analysis) -> str:
+    """Readable report: chosen schedule, per-group table, candidates, parallel bounds, notes."""
+    sizes = "symbolic" if a.sizes is None else " ".join(f"{k}={v}" for k, v in a.sizes.items())
+    S = "symbolic" if a.S is None else f"{a.S:g} words"
+    out = [f"SOAP I/O lower bound of {a.equation}", f"  sizes: {sizes}   S: {S}" + (f"   P: {a.P}" if a.P else ""),
+           f"  schedule: {_partition_name(a, a.chosen)}   Q >= {_expr(a.Q) if a.sizes is None else _num(a.Q)}", ""]
+    headers = ["group", "statement", "sigma", "X0", "rho", "Q >= (closed form)", "tile at X0", "form"]
+    if a.sizes is not None:
+        headers += ["Q >= (numeric)", "numeric tile", "clamped"]
+    rows = []
+    for g in a.groups:
+        sym = g.symbolic
+        row = [_group_name(a, g.steps), g.statement.equation, _expr(sym.sigma), _expr(g.subs(sym.X0)),
+               _expr(g.subs(sym.rho)), _expr(g.subs(sym.Q)), _tiles({v: g.subs(t) for v, t in sym.tiles.items()}, str),
+               _note(g)]
+        if g.numeric is not None:
+            row += [_num(g.numeric.Q), _tiles(g.numeric.tiles, lambda t: f"{t:.4g}"),
+                    ",".join(g.numeric.clamped) or "-"]
+        rows.append(row)
+    out += _table(headers, rows)
+    out += ["", f"  fusion candidates, best first ({a.ranking}):"]
+    rows = [[_partition_name(a, c.partition), _num(c.cost), _expr(c.Q) if a.sizes is None else _num(c.Q)]
+            for c in a.candidates]
+    out += _table(["partition", "score", "Q >="], rows, "    ")
+    if a.P is not None:
+        out += ["", f"  parallel bounds per rank, P = {a.P} ({a.layout}):"]
+        if a.sizes is not None:
+            rows = [[_group_name(a, g.steps), _num(g.parallel.Q_dep), _num(g.parallel.Q_indep), _num(g.parallel.XP),
+                     g.parallel.binding, _tiles(g.parallel.tiles, lambda t: f"{t:.4g}")] for g in a.groups]
+            out += _table(["group", "memory-dependent", "memory-independent", "X_P", "binds", "per-rank tile"],
+                          rows, "    ")
+        else:
+            rows = []
+            for g in a.groups:
+                e = parallel_expressions(g, a.P)
+                rows.append([_group_name(a, g.steps), _expr(e["Q_dep"]), _expr(e["Q_indep"]), _expr(e["XP"])])
+            out += _table(["group", "memory-dependent", "memory-independent", "X_P"], rows, "    ")
+    notes = [f"  {_group_name(a, g.steps)}: {g.symbolic.reason}" for g in a.groups if g.symbolic.reason]
+    notes += [f"  {_group_name(a, g.steps)}: clamped {','.join(g.numeric.clamped)} (tile = whole dimension); the "
+              f"closed form assumes no clamping, the numeric bound is the size-aware one"
+              for g in a.groups if g.numeric is not None and g.numeric.clamped]
+    if notes:
+        out += ["", "  notes:"] + notes
+    return "\n".join(out)
+
+
+def _tex_text(s: str) -> str:
+    for c, r in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"),
+                 ("#", r"\#"), ("{", r"\{"), ("}", r"\}"), ("^", r"\^{}"), ("~", r"\~{}")):
+        s = s.replace(c, r)
+    return s
+
+
+def _tex(e) -> str:
+    if e is None:
+        return "--"
+    if isinstance(e, float):
+        if not math.isfinite(e):
+            return r"$\infty$"
+        mant, exp = f"{e:.3e}".split("e")
+        return f"${float(mant):.3g}$" if abs(int(exp)) < 3 else f"${float(mant):.3g}\\times 10^{{{int(exp)}}}$"
+    return f"${sp.latex(e)}$"
+
+
+def latex(a: Analysis) -> str:
+    """A booktabs table of the chosen groups, then inline formulas for the text."""
+    numeric = a.sizes is not None
+    cols = ["Group", "Statement", r"$\sigma$", r"$X_0$", r"$\rho$", r"$Q \geq$"] + (["$Q$ (sizes)"] if numeric else [])
+    lines = [r"\begin{table}[t]", r"\centering",
+             rf"\caption{{SOAP I/O lower bound of \texttt{{{_tex_text(a.equation)}}}.}}",
+             r"\begin{tabular}{" + "l" * len(cols) + "}", r"\toprule", " & ".join(cols) + r" \\", r"\midrule"]
+    for g in a.groups:
+        sym = g.symbolic
+        row = [_tex_text(_group_name(a, g.steps)), rf"\texttt{{{_tex_text(g.statement.equation)}}}", _tex(sym.sigma),
+               _tex(g.subs(sym.X0)), _tex(g.subs(sym.rho)), _tex(g.subs(sym.Q))]
+        if numeric:
+            row.append(_tex(g.numeric.Q))
+        lines.append(" & ".join(row) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+    total = a.Q if not numeric else sp.Add(*(g.subs(g.symbolic.Q) for g in a.groups if g.symbolic.has_bound))
+    lines.append(rf"Total: $Q \geq {sp.latex(total)}$" + (f" ({_tex(a.Q)} words for the given sizes)." if numeric
+                                                           else "."))
+    for g in a.groups:
+        sym = g.symbolic
+        if not sym.has_bound:
+            continue
+        tiles = ", ".join(f"t_{{{v}}} = {sp.latex(g.subs(t))}" for v, t in sym.tiles.items())
+        lines.append(rf"\texttt{{{_tex_text(g.statement.equation)}}}: $\rho = {sp.latex(g.subs(sym.rho))}$, "
+                     rf"$X_0 = {sp.latex(g.subs(sym.X0))}$, ${tiles}$.")
+    return "\n".join(lines)
+
+
+def _json_num(x):
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def as_dict(a: Analysis) -> dict:
+    """JSON-ready data: expressions as strings, numbers as floats (non-finite -> None)."""
+    def group(g: GroupBound) -> dict:
+        d = {"steps": list(g.steps), "names": [a.steps[k].name for k in g.steps], "statement": g.statement.equation,
+             "tensors": list(g.statement.names), "symbolic": g.symbolic.to_dict(), "cost": _json_num(g.cost)}
+        if g.numeric is not None:
+            d["numeric"] = {k: (_json_num(v) if isinstance(v, float) else v) for k, v in g.numeric.to_dict().items()}
+        if g.parallel is not None:
+            d["parallel"] = g.parallel.to_dict()
+        elif a.P is not None:
+            d["parallel"] = {k: _expr(v) for k, v in parallel_expressions(g, a.P).items()}
+        return d
+
+    def total(c):
+        q = c.Q
+        return _json_num(q) if isinstance(q, float) else (None if q is None else str(q))
+
+    return {"equation": a.equation, "sizes": a.sizes, "S": a.S, "P": a.P, "layout": a.layout,
+            "sdg": [list(e) for e in a.sdg], "ranking": a.ranking,
+            "chosen": [list(g) for g in a.chosen], "Q": total(a.candidates[0]),
+            "groups": [group(g) for g in a.groups],
+            "candidates": [{"partition": [list(g) for g in c.partition], "cost": _json_num(c.cost), "Q": total(c)}
+                           for c in a.candidates]}
