@@ -279,10 +279,12 @@ def ordered_factorisations(n: int, caps: Sequence[int]) -> np.ndarray:
 
     >>> sorted(map(tuple, ordered_factorisations(12, (4, 3)).tolist()))
     [(4, 3)]
-    >>> ordered_factorisations(7, (3, 3)).shape
-    (0, 2)
+    >>> ordered_factorisations(7, (3, 3)).shape, ordered_factorisations(3, ()).shape
+    ((0, 2), (0, 0))
     """
     caps = np.array(caps, dtype=np.int64)
+    if caps.size == 0:  # a grid over no index has one rank
+        return np.ones((int(n == 1), 0), dtype=np.int64)
     rows = np.ones((1, caps.size), dtype=np.int64)
     for prime, exponent in sorted(_prime_factors(n).items(), reverse=True):
         most = [_max_power(prime, int(c)) for c in caps]
@@ -654,7 +656,8 @@ def _tile_distance(dims: np.ndarray, indices: str, sizes: Mapping[str, int],
     ideal = np.ones(len(indices)) if tile is None else np.array(
         [min(max(float(tile.get(c, 1.0)), 1.0), e) for c, e in zip(indices, extent)])
     gap = np.log(extent / dims) - np.log(ideal)
-    gap -= gap.mean(axis=1, keepdims=True)
+    if gap.shape[1]:
+        gap -= gap.mean(axis=1, keepdims=True)
     return (gap ** 2).sum(axis=1)
 
 

@@ -13,13 +13,14 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from .decompose import Decomposition, Step
 from .errors import DeinsumError
 from .grids import GridChoice, Layout, plan_grid
-from .redistribute import Redistribution, plan_redistribution
+from .redistribute import Redistribution, plan_redistribution, received_words
 from .soap import analyze
 
 INPUT_MODES = ("global", "root", "local")
@@ -60,13 +61,26 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class Move:
-    """A planned redistribution of one tensor from ``src`` to ``dst`` layout."""
+    """A planned redistribution of one tensor from ``src`` to ``dst`` layout on ``nprocs`` ranks.
+
+    The per-rank exchange tables are built on first use (running or emitting);
+    the volume model answers reports for any number of ranks without them.
+    """
 
     tensor: str
     phase: str
     src: Layout
     dst: Layout
-    redistribution: Redistribution
+    nprocs: int
+
+    @cached_property
+    def redistribution(self) -> Redistribution:
+        return plan_redistribution(self.src, self.dst, self.nprocs)
+
+    @cached_property
+    def words_received(self) -> np.ndarray:
+        """Modeled words each rank receives (vectorised; equal to the tables' counts)."""
+        return received_words(self.src, self.dst, self.nprocs)
 
     @property
     def label(self) -> str:
@@ -97,8 +111,12 @@ class Plan:
     def moves(self) -> tuple[Move, ...]:
         return tuple(item for kind, item in self.schedule if kind == "move")
 
+    def received_bytes(self) -> np.ndarray:
+        """Modeled bytes every rank receives (from the volume model: fast for any number of ranks)."""
+        return sum((m.words_received for m in self.moves), np.zeros(self.nprocs, dtype=np.int64)) * self.dtype.itemsize
+
     def model_bytes(self) -> list[tuple[int, int]]:
-        """Predicted (bytes sent, bytes received) of every rank, from the redistribution plans."""
+        """Predicted (bytes sent, bytes received) of every rank, from the exchange tables."""
         size = self.dtype.itemsize
         return [(sum(m.redistribution.bytes_sent(r, size) for m in self.moves),
                  sum(m.redistribution.bytes_received(r, size) for m in self.moves)) for r in range(self.nprocs)]
@@ -116,13 +134,11 @@ class Plan:
                          + (f"; {g.grid.idle} idle: {g.grid.reason}" if g.grid.idle else ""))
         lines.append("")
         lines.append("  data movement (bytes per rank, max over ranks):")
-        size = self.dtype.itemsize
         for m in self.moves:
-            worst = max(m.redistribution.bytes_received(r, size) for r in range(self.nprocs))
-            lines.append(f"    {m.label:<32} {worst:>14,}")
-        sent, received = zip(*self.model_bytes())
-        lines.append(f"  total received per rank: max {max(received):,} bytes, "
-                     f"mean {sum(received) / self.nprocs:,.0f}")
+            lines.append(f"    {m.label:<32} {int(m.words_received.max()) * self.dtype.itemsize:>14,}")
+        received = self.received_bytes()
+        lines.append(f"  total received per rank: max {int(received.max()):,} bytes, "
+                     f"mean {float(received.mean()):,.0f}")
         return "\n".join(lines)
 
 
@@ -178,7 +194,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
             src = layouts[name]
             if src != dst:
                 phase = "distribute" if name in d.input_names else ("reduce" if src.partial else "redistribute")
-                schedule.append(("move", Move(name, phase, src, dst, plan_redistribution(src, dst, nprocs))))
+                schedule.append(("move", Move(name, phase, src, dst, nprocs)))
             layouts[name] = dst
         group = GroupPlan(g, steps, choice, reads, last.name, last.output)
         groups.append(group)
@@ -190,7 +206,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     src = layouts["out"]
     if src != final:
         phase = "reduce" if src.partial and src.grid == final.grid else "gather"
-        schedule.append(("move", Move("out", phase, src, final, plan_redistribution(src, final, nprocs))))
+        schedule.append(("move", Move("out", phase, src, final, nprocs)))
     return Plan(d, int(nprocs), dtype, memory, inputs, output, analysis, tuple(groups), entry, final,
                 tuple(schedule))
 

@@ -130,7 +130,7 @@ class Program:
             data = a.to_dict()
             if self.shapes is not None and (nprocs or self.nprocs):
                 plan = self.plan(nprocs=nprocs)
-                data["model_bytes_per_rank"] = plan.model_bytes()
+                data["received_bytes_per_rank"] = plan.received_bytes().tolist()
             return json.dumps(data, indent=2, default=str)
         if format != "text":
             raise DeinsumError(f"report format {format!r}: expected text, latex or json")
