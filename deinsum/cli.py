@@ -64,7 +64,7 @@ def cmd_plan(args) -> int:
     if not args.size:
         raise DeinsumError("plan needs sizes: --size i=...,j=...")
     prog = _program(args, args.nprocs)
-    print(prog.report("json" if args.json else "text", nprocs=args.nprocs))
+    print(prog.report("json" if args.json else "text", nprocs=args.nprocs, inputs=args.inputs, output=args.output))
     return 0
 
 
@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("plan", cmd_plan, "groups, grids, layouts and bytes per rank for P ranks (no MPI needed)",
                 ("-P", "--nprocs"), True)
     p.add_argument("--json", action="store_true", help="JSON data")
+    p.add_argument("--inputs", choices=("local", "root", "global"), default="local",
+                   help="where inputs start: evenly distributed (default), on rank 0, or on every rank")
+    p.add_argument("--output", choices=("distributed", "root", "all"), default="distributed",
+                   help="where the result ends: evenly distributed (default), on rank 0, or on every rank")
     e = command("emit", cmd_emit, "write a standalone mpi4py program", ("-P", "--nprocs"), True)
     e.add_argument("-o", "--output", required=True, help="the program file to write")
     r = command("run", cmd_run, "emit the program and run it under mpiexec", ("-n", "--nprocs"), True)

@@ -23,8 +23,10 @@ from .grids import GridChoice, Layout, plan_grid
 from .redistribute import Redistribution, plan_redistribution, received_words
 from .soap import analyze
 
-INPUT_MODES = ("global", "root", "local")
-OUTPUT_MODES = ("all", "root", "distributed")
+INPUT_MODES = {"global": "global arrays on every rank", "root": "global arrays on rank 0",
+               "local": "evenly block-distributed local blocks, no replication"}
+OUTPUT_MODES = {"all": "whole result on every rank", "root": "whole result on rank 0",
+                "distributed": "evenly block-distributed"}
 #: Default local memory per rank, in elements, for the SOAP bounds (1 GiB of float64).
 DEFAULT_MEMORY = 2**27
 
@@ -124,7 +126,8 @@ class Plan:
     def __str__(self) -> str:
         d = self.decomposition
         lines = [f"deinsum plan for {d.equation!r} on {self.nprocs} rank(s), dtype {self.dtype.name}",
-                 f"  start: inputs {self.inputs}; result {self.output}; local memory S = {self.memory} elements",
+                 f"  inputs: {INPUT_MODES[self.inputs]}; result: {OUTPUT_MODES[self.output]}",
+                 f"  local memory for the SOAP bounds: S = {self.memory} elements",
                  str(d), ""]
         for g in self.groups:
             ops = "; ".join(s.operation for s in g.steps)
@@ -205,7 +208,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     final = exit_layout(output, shape_of(d.output), nprocs)
     src = layouts["out"]
     if src != final:
-        phase = "reduce" if src.partial and src.grid == final.grid else "gather"
+        phase = "gather" if output != "distributed" else "reduce" if src.partial else "redistribute"
         schedule.append(("move", Move("out", phase, src, final, nprocs)))
     return Plan(d, int(nprocs), dtype, memory, inputs, output, analysis, tuple(groups), entry, final,
                 tuple(schedule))

@@ -120,7 +120,8 @@ class Program:
         p = nprocs if nprocs is not None else self.nprocs
         return analyze(self.decomposition, S=self.memory, P=p)
 
-    def report(self, format: str = "text", nprocs: int | None = None) -> str:
+    def report(self, format: str = "text", nprocs: int | None = None, inputs: str | None = None,
+               output: str | None = None) -> str:
         """The bounds report (``text``, ``latex`` or ``json``) followed, with shapes and P, by the plan."""
         a = self.analysis(nprocs)
         if format == "latex":
@@ -129,14 +130,14 @@ class Program:
             import json
             data = a.to_dict()
             if self.shapes is not None and (nprocs or self.nprocs):
-                plan = self.plan(nprocs=nprocs)
+                plan = self.plan(nprocs=nprocs, inputs=inputs, output=output)
                 data["received_bytes_per_rank"] = plan.received_bytes().tolist()
             return json.dumps(data, indent=2, default=str)
         if format != "text":
             raise DeinsumError(f"report format {format!r}: expected text, latex or json")
         text = str(a)
         if self.shapes is not None and (nprocs or self.nprocs):
-            text += "\n\n" + str(self.plan(nprocs=nprocs))
+            text += "\n\n" + str(self.plan(nprocs=nprocs, inputs=inputs, output=output))
         return text
 
     def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None) -> Path:
