@@ -84,9 +84,55 @@ class Move:
         """Modeled words each rank receives (vectorised; equal to the tables' counts)."""
         return received_words(self.src, self.dst, self.nprocs)
 
+    @cached_property
+    def phases(self) -> tuple[tuple[tuple[int, ...] | None, tuple], ...]:
+        """Per phase: the source-grid dims its communicator spans (None: all ranks), and every rank's
+        one-phase table with peers numbered in that communicator.
+
+        A reduce-scatter of partial sums that stays inside each reduction group runs on that
+        group's ``Cart_sub`` communicator (remain = ``src.partial``) instead of on all ranks.
+        """
+        tables = [self.redistribution.table(r) for r in range(self.nprocs)]
+        phases = []
+        for k in range(len(tables[0])):
+            per_rank = [(t[k],) for t in tables]
+            dims = self.src.partial if k == 0 and len(tables[0]) == 2 else None
+            sub = _within_groups(per_rank, self.src, dims) if dims else None
+            phases.append((dims, sub) if sub is not None else (None, tuple(per_rank)))
+        return tuple(phases)
+
     @property
     def label(self) -> str:
         return f"{self.tensor}: {self.phase}"
+
+
+def _within_groups(tables, layout: Layout, dims: tuple[int, ...]):
+    """``tables`` with peers renumbered inside ``Cart_sub(remain=dims)`` of ``layout.grid``,
+    or None when some rank talks outside its group."""
+    coords = [layout.coords(r) for r in range(len(tables))]
+    keep = [d for d in range(len(layout.grid)) if d not in dims]
+    sub_shape = [layout.grid[d] for d in dims]
+
+    def renumber(rank: int, peer: int) -> int:
+        if coords[peer] is None or [coords[peer][d] for d in keep] != [coords[rank][d] for d in keep]:
+            raise LookupError
+        return int(np.ravel_multi_index([coords[peer][d] for d in dims], sub_shape))
+
+    out = []
+    for rank, ((in_held, in_shape, out_held, out_shape, sends, recvs, ops),) in enumerate(tables):
+        try:
+            if coords[rank] is None:
+                if sends or recvs or ops:
+                    raise LookupError
+                out.append(tables[rank])
+                continue
+            out.append(((in_held, in_shape, out_held, out_shape,
+                         tuple((renumber(rank, p),) + tuple(rest) for p, *rest in sends),
+                         tuple((renumber(rank, p),) + tuple(rest) for p, *rest in recvs),
+                         tuple((renumber(rank, p),) + tuple(rest) for p, *rest in ops)),))
+        except LookupError:
+            return None
+    return tuple(out)
 
 
 @dataclass(frozen=True, eq=False)

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from mpirun import run_mpi_script
+from mpirun import check_mpi, run_mpi_script
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
 
@@ -67,3 +67,30 @@ def test_program_matches_numpy_and_model(nprocs, tmp_path):
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["runs"] == len(CASES)
     assert summary["nfail"] == 0, summary["failures"]
+
+
+CART_SUB = """
+import numpy as np
+from mpi4py import MPI
+import deinsum
+comm = MPI.COMM_WORLD
+shapes = [(30, 20), (20, 10), (10, 5)]
+prog = deinsum.compile("ij,jk,kl->il", *shapes)
+plan = prog.plan(nprocs=comm.size, inputs="local", output="distributed")
+assert any(dims for m in plan.moves for dims, _ in m.phases), "expected a reduce-scatter on a Cart_sub"
+rng = np.random.default_rng(1)
+arrays = [rng.standard_normal(s) for s in shapes]
+blocks = prog.input_blocks(comm.rank, comm.size)
+got = prog(*[a[b] for a, b in zip(arrays, blocks)], inputs="local", output="distributed")
+want = np.einsum("ij,jk,kl->il", *arrays)
+if got.block is not None:
+    assert np.allclose(got.local, want[got.block])
+assert prog.last_run.matches_model, prog.last_run
+if comm.rank == 0:
+    print("OK")
+"""
+
+
+def test_reduce_scatter_phase_runs_on_cart_sub(tmp_path):
+    """The plan puts the reduce-scatter of t0's partial sums on the reduction group's Cart_sub."""
+    assert check_mpi(6, CART_SUB, tmp_path=tmp_path, timeout=120).strip() == "OK"

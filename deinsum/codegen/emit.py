@@ -54,7 +54,7 @@ def generate(plan) -> str:
     d = plan.decomposition
     nprocs = plan.nprocs
     moves = plan.moves
-    tables = [[m.redistribution.table(r) for r in range(nprocs)] for m in moves]
+    tables = [[list(per_rank) for _, per_rank in m.phases] for m in moves]
     shapes = [tuple(d.sizes[c] for c in s) for s in d.raw_subscripts]
     sizes = {c: d.sizes[c] for c in sorted(set("".join(d.raw_subscripts)))
              if c in "".join(d.raw_subscripts)}
@@ -77,7 +77,7 @@ def generate(plan) -> str:
         f"INPUT_SHAPES = {shapes!r}",
         "# per rank: (bytes sent, bytes received) predicted by the plan's model",
         f"MODEL_BYTES = {plan.model_bytes()!r}",
-        "# MOVES[k][rank]: the Alltoallw table of move k for that rank (see exchange())",
+        "# MOVES[k][p][rank]: the Alltoallw table of phase p of move k for that rank (see exchange())",
         f"MOVES = {tables!r}",
         "",
     ]
@@ -105,14 +105,14 @@ def _run_program(plan) -> str:
         for s in d.prepass:
             src, dst = _name(s.operands[0]), _name(s.name)
             out.append(f"    {dst} = None if {src} is None else unary({src}, {s.subscripts[0]!r}, {s.output!r})")
+    producer = {}   # tensor -> index of the group (Cartesian grid) that computed it
+    on_sub = {m.tensor for m in plan.moves if any(dims for dims, _ in m.phases)}
     for kind, item in plan.schedule:
         if kind == "move":
-            k = move_index[id(item)]
-            t = _name(item.tensor)
-            out.append(f"    with clock({item.phase!r}):  # {item.src} -> {item.dst}")
-            out.append(f"        {t} = exchange(comm, MOVES[{k}][rank], {t}, dtype, log, {item.label!r})")
+            out += _move_lines(item, move_index[id(item)], producer)
             continue
         g = item
+        producer[g.output] = g.index
         dims = ", ".join(f"{c}={p}" for c, p in zip(g.indices, g.grid.dims))
         out.append("")
         out.append(f"    # {'-' * 8} group {g.index}: {'; '.join(s.operation for s in g.steps)}")
@@ -128,8 +128,31 @@ def _run_program(plan) -> str:
             a, b = (_name(o) for o in s.operands)
             out.append(f"            {_name(s.name)} = contract_pair({a}, {b}, {s.subscripts[0]!r}, "
                        f"{s.subscripts[1]!r}, {s.output!r})  # {s.kind}")
-        out.append(f"            grid{g.index}.Free()")
+        if g.output not in on_sub:
+            out.append(f"            grid{g.index}.Free()")
         out.append("        else:")
         out.append(f"            {_name(g.output)} = None")
     out.append("    return out")
     return "\n".join(out) + "\n"
+
+
+def _move_lines(move, k, producer) -> list[str]:
+    """One exchange per phase; a phase inside the reduction groups runs on their Cart_sub."""
+    t = _name(move.tensor)
+    lines = []
+    for p, (dims, _) in enumerate(move.phases):
+        call = f"exchange({{}}, MOVES[{k}][{p}][rank], {t}, dtype, log, {move.label!r})"
+        if dims is None:
+            lines.append(f"    with clock({move.phase!r}):  # {move.src} -> {move.dst}")
+            lines.append(f"        {t} = {call.format('comm')}")
+            continue
+        g = producer[move.tensor]
+        remain = [d in dims for d in range(len(move.src.grid))]
+        lines.append(f"    # reduce-scatter {t}'s partial sums inside each reduction group (its Cart_sub), then move")
+        lines.append(f"    sums{g} = grid{g}.Sub({remain!r}) if grid{g} != MPI.COMM_NULL else MPI.COMM_NULL")
+        lines.append("    with clock('reduce'):")
+        lines.append(f"        if sums{g} != MPI.COMM_NULL:")
+        lines.append(f"            {t} = {call.format(f'sums{g}')}")
+        lines.append(f"            sums{g}.Free()")
+        lines.append(f"            grid{g}.Free()")
+    return lines
