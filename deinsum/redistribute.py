@@ -37,7 +37,7 @@ import numpy as np
 from deinsum.errors import DeinsumError
 from deinsum.grids import Layout, balanced_split, block_bounds
 
-__all__ = ["Redistribution", "plan_redistribution", "received_words", "plan_entry", "plan_exit"]
+__all__ = ["Redistribution", "plan_redistribution", "received_words"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -211,32 +211,6 @@ def plan_redistribution(src: Layout, dst: Layout, nprocs: int) -> Redistribution
     tables = tuple(tuple(phase[rank] for phase in per_phase) for rank in range(nprocs))
     return Redistribution(src, dst, nprocs, method, tuple(int(w) for w in sent), tuple(int(w) for w in received),
                           tables)
-
-
-def plan_entry(dst: Layout, nprocs: int, start: str = "root") -> Redistribution:
-    """Bring a global array into ``dst``: ``start="root"`` scatters it from rank 0,
-    ``start="replicated"`` slices it locally where every rank has it (no traffic).
-
-    >>> plan_entry(Layout.even((6,), 3), 3, start="replicated").max_words_received
-    0
-    """
-    return plan_redistribution(_global_layout(start, dst.shape, nprocs), dst, nprocs)
-
-
-def plan_exit(src: Layout, nprocs: int, end: str = "root") -> Redistribution:
-    """Collect a tensor from ``src``: ``end="root"`` gathers it on rank 0, ``end="replicated"``
-    on every rank (allgather); partial sums are added on the way. To leave it
-    distributed, keep ``src``: it already says who holds what.
-    """
-    return plan_redistribution(src, _global_layout(end, src.shape, nprocs), nprocs)
-
-
-def _global_layout(where: str, shape: tuple[int, ...], nprocs: int) -> Layout:
-    if where == "root":
-        return Layout.on_root(shape, nprocs)
-    if where == "replicated":
-        return Layout.replicated(shape, nprocs)
-    raise DeinsumError(f"whole array must be on 'root' or 'replicated', got {where!r}")
 
 
 def _axis_overlaps(dst_bounds: Sequence[int], src_bounds: Sequence[int]) -> list[list[tuple[int, int, int]]]:

@@ -12,7 +12,7 @@ import deinsum.codegen.exchange
 import deinsum.redistribute
 from deinsum.errors import DeinsumError
 from deinsum.grids import Layout
-from deinsum.redistribute import plan_entry, plan_exit, plan_redistribution, received_words
+from deinsum.redistribute import plan_redistribution, received_words
 
 
 def simulate(plan, blocks):
@@ -111,8 +111,8 @@ def test_layout_zoo_round_trips(shape, nprocs):
 def test_local_data_costs_nothing():
     shape = (6, 5)
     assert plan_redistribution(Layout.even(shape, 4), Layout.even(shape, 4), 4).max_words_received == 0
-    assert plan_entry(Layout.even(shape, 4), 4, start="replicated").max_words_received == 0
-    scatter = plan_entry(Layout.even(shape, 4), 4)
+    assert plan_redistribution(Layout.replicated(shape, 4), Layout.even(shape, 4), 4).max_words_received == 0
+    scatter = plan_redistribution(Layout.on_root(shape, 4), Layout.even(shape, 4), 4)
     assert scatter.words_sent[0] == 30 - math.prod(Layout.even(shape, 4).local_shape(0))
     assert scatter.words_received[1:] == tuple(math.prod(Layout.even(shape, 4).local_shape(r)) for r in (1, 2, 3))
 
@@ -129,7 +129,7 @@ def test_allreduce_is_reduce_scatter_then_allgather(fan_in):
 
 def test_reduce_to_root_uses_reduce_scatter():
     partial = Layout((16, 4), (4,), (None, None), (0,))
-    plan = plan_exit(partial, 4)
+    plan = plan_redistribution(partial, Layout.on_root(partial.shape, 4), 4)
     assert plan.method == "reduce-scatter, then direct"
     assert plan.words_received[0] == 3 * 16 + (64 - 16)
 
@@ -161,7 +161,6 @@ def test_readable_summary():
     (lambda: plan_redistribution(Layout.even((3,), 2), Layout.even((4,), 2), 2), "between shapes"),
     (lambda: plan_redistribution(Layout.even((4,), 2), Layout((4,), (2,), (None,), (0,)), 2), "is partial"),
     (lambda: plan_redistribution(Layout.even((4,), 4), Layout.even((4,), 2), 2), "do not fit 2 ranks"),
-    (lambda: plan_entry(Layout.even((4,), 2), 2, start="disk"), "'root' or 'replicated'"),
     (lambda: plan_redistribution(Layout.even((4,), 2), Layout.even((4,), 2), 2).table(2), "rank 2 outside"),
 ])
 def test_bad_input_is_a_one_line_deinsum_error(call, message):

@@ -11,7 +11,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 from deinsum.grids import Layout, make_communicators, plan_grid
-from deinsum.redistribute import plan_entry, plan_exit, plan_redistribution
+from deinsum.redistribute import plan_redistribution
 from deinsum.codegen.exchange import ByteLog, exchange
 
 comm = MPI.COMM_WORLD
@@ -68,18 +68,19 @@ for s, shape in enumerate(SHAPES):
     grids = three_grids(shape)
     for dtype in DTYPES:
         x = sample(shape, dtype, seed=s)
-        block = run(plan_entry(grids[0], P), x if rank == 0 else None, dtype, "scatter")
+        block = run(plan_redistribution(Layout.on_root(shape, P), grids[0], P), x if rank == 0 else None, dtype,
+                    "scatter")
         for src, dst in zip(grids, grids[1:]):
             local = np.asfortranarray(block) if block is not None and block.ndim > 1 else block
             block = run(plan_redistribution(src, dst, P), local, dtype, "move")
-        gathered = run(plan_exit(grids[-1], P), block, dtype, "gather")
-        everywhere = run(plan_exit(grids[-1], P, end="replicated"), block, dtype, "allgather")
+        gathered = run(plan_redistribution(grids[-1], Layout.on_root(shape, P), P), block, dtype, "gather")
+        everywhere = run(plan_redistribution(grids[-1], Layout.replicated(shape, P), P), block, dtype, "allgather")
         assert same(everywhere, x), (shape, dtype)
         if rank == 0:
             assert same(gathered, x), (shape, dtype)
         else:
             assert gathered is None
-        picked = run(plan_entry(grids[1], P, start="replicated"), x, dtype, "slice")
+        picked = run(plan_redistribution(Layout.replicated(shape, P), grids[1], P), x, dtype, "slice")
         assert grids[1].block(rank) is None or same(picked, x[grids[1].block(rank)])
 
 # 2. partial sums: summand k holds (k+1) * block; reduce into an even layout and onto the root
@@ -106,7 +107,8 @@ for indices, inputs, output, sizes in KERNELS:
         blocks = []
         for t, array in zip(inputs, operands):
             even = Layout.even(array.shape, P)
-            block = run(plan_entry(even, P), array if rank == 0 else None, dtype, "scatter " + t)
+            block = run(plan_redistribution(Layout.on_root(array.shape, P), even, P), array if rank == 0 else None,
+                        dtype, "scatter " + t)
             block = run(plan_redistribution(even, choice.layout(t, sizes), P), block, dtype, "in " + t)
             words.append(log.records[-1][2])
             blocks.append(block)
@@ -116,7 +118,7 @@ for indices, inputs, output, sizes in KERNELS:
         target = Layout.even(out_layout.shape, P)
         block = run(plan_redistribution(out_layout, target, P), part, dtype, "out " + output)
         words.append(log.records[-1][2])
-        result = run(plan_exit(target, P), block, dtype, "gather " + output)
+        result = run(plan_redistribution(target, Layout.on_root(target.shape, P), P), block, dtype, "gather " + output)
         if rank == 0:
             assert np.array_equal(result, np.einsum(spec, *operands)), spec
         busiest = comm.allreduce(sum(words), op=MPI.MAX)
