@@ -35,6 +35,9 @@ __all__ = ["block_bounds", "block_range", "balanced_split", "ordered_factorisati
 # factors are all <= SMOOTH_PRIME (at most FEWER_RANK_COUNTS of them) compete too.
 SMOOTH_PRIME = 7
 FEWER_RANK_COUNTS = 4
+# The branch and bound scores at most this many grids exactly (in order of their lower
+# bounds); past it the best so far is kept and GridChoice.reason says the search was cut.
+EXACT_EVALUATIONS = 64
 
 
 def block_bounds(n: int, p: int) -> tuple[int, ...]:
@@ -439,6 +442,8 @@ def plan_grid(indices: str, sizes: Mapping[str, int], inputs: Sequence[str], out
     fit = np.round(_tile_distance(dims, indices, sizes, tile), 9)
     coarse = model.lower_bound(dims, exact_scatter=False)
 
+    cut = []  # searches that ran out of EXACT_EVALUATIONS
+
     def search(rows: np.ndarray) -> tuple:
         """Best key ``(volume, idle, tile distance, dims)`` among candidate ``rows``.
 
@@ -448,6 +453,7 @@ def plan_grid(indices: str, sizes: Mapping[str, int], inputs: Sequence[str], out
         order = rows[np.lexsort(tuple(dims[rows, v] for v in reversed(range(len(indices))))
                                 + (fit[rows], idle[rows], coarse[rows]))]
         best: tuple = ()
+        evaluations = 0
         for first in range(0, order.size, 512):
             if best and coarse[order[first]] > best[0]:
                 break
@@ -457,6 +463,10 @@ def plan_grid(indices: str, sizes: Mapping[str, int], inputs: Sequence[str], out
                                   for r, bound in zip(chunk, fine)):
                 if best and hopeful >= best:
                     break
+                if evaluations == EXACT_EVALUATIONS:
+                    cut.append(hopeful[0])
+                    return best
+                evaluations += 1
                 key = (model.volume(hopeful[3]),) + hopeful[1:]
                 best = min(best, key) if best else key
         return best
@@ -473,6 +483,9 @@ def plan_grid(indices: str, sizes: Mapping[str, int], inputs: Sequence[str], out
         reason = (f"{_idle_ranks(nprocs - used)}: the best grid on all {nprocs} ranks, {full_dims}, "
                   f"needs {full_volume} words/rank; busy ranks do {nprocs / used:.2f}x the iterations "
                   f"of an even split")
+    if cut:
+        counts_note += (f"; stopped after {EXACT_EVALUATIONS} exact scores (unscored grids need >= {min(cut)} "
+                        f"words/rank by their lower bound)")
     return GridChoice(indices, dims_won, output, nprocs, volume, f"{reason}; {counts_note}")
 
 
