@@ -76,8 +76,8 @@ _PINNED: list = []  # non-empty once this process pinned its BLAS threads
 
 @lru_cache(maxsize=64)
 def _compiled(plan: Plan):
-    source = generate(plan)
-    return source, compile(source, f"<deinsum program {plan.equation}>", "exec")
+    """The plan's program text, compiled once (the same text ``to_script`` writes)."""
+    return compile(generate(plan), f"<deinsum program {plan.equation}>", "exec")
 
 
 @dataclass
@@ -98,8 +98,12 @@ class Program:
         if self.shapes is not None:
             self.shapes = tuple(tuple(int(n) for n in s) for s in self.shapes)
         self.dtype = None if self.dtype is None else as_dtype(self.dtype)
-        self.decomposition: Decomposition = (decompose(self.equation, *self.shapes) if self.shapes is not None
-                                             else decompose(self.equation))
+        if not isinstance(self.equation, str):
+            raise DeinsumError(f"the einsum equation must be a string, not {type(self.equation).__name__}")
+        # parametric with '...': the decomposition waits for the shapes of a call
+        self.decomposition: Decomposition | None = (
+            decompose(self.equation, *self.shapes) if self.shapes is not None
+            else None if "..." in self.equation else decompose(self.equation))
 
     # ---- planning and reports (pure, no MPI) ---------------------------------------------------
     def plan(self, shapes: Sequence[Sequence[int]] | None = None, nprocs: int | None = None, dtype=None,
@@ -117,6 +121,8 @@ class Program:
 
     def analysis(self, nprocs: int | None = None):
         """SOAP bounds and fusion: symbolic without shapes, numeric and parallel with them."""
+        if self.decomposition is None:
+            raise DeinsumError(f"{self.equation!r}: bounds of an einsum with '...' need shapes: compile with shapes")
         p = nprocs if nprocs is not None else self.nprocs
         return analyze(self.decomposition, S=self.memory, P=p)
 
@@ -160,7 +166,7 @@ class Program:
         from mpi4py import MPI
         comm = MPI.COMM_WORLD if comm is None else comm
         inputs, output = inputs or self.inputs, output or self.output
-        nops = len(self.decomposition.raw_subscripts)
+        nops = self.equation.partition("->")[0].count(",") + 1
         if len(arrays) != nops:
             raise DeinsumError(f"{self.equation!r} takes {nops} operands, got {len(arrays)}")
         shapes, dtype = self._shapes_and_dtype(arrays, comm, inputs)
@@ -174,7 +180,7 @@ class Program:
                     raise DeinsumError(f"operand {n}: rank {comm.rank} must pass its block of shape {tuple(want)}"
                                        f" (see Program.input_blocks), not {a.shape}")
         ns: dict = {"__name__": "deinsum_program"}
-        exec(_compiled(plan)[1], ns)
+        exec(_compiled(plan), ns)
         if self.threads == "auto" and not _PINNED:
             ns["pin_blas_threads"](comm)
             _PINNED.append(comm.size)

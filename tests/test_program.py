@@ -1,0 +1,77 @@
+"""The Python API in one process (MPI singleton, P = 1): semantics, caching, errors."""
+import json
+
+import numpy as np
+import pytest
+
+import deinsum
+from deinsum import DeinsumError
+
+
+def test_einsum_matches_numpy_and_model():
+    rng = np.random.default_rng(0)
+    x, a, b = rng.standard_normal((5, 4, 3)), rng.standard_normal((4, 2)), rng.standard_normal((3, 2))
+    np.testing.assert_allclose(deinsum.einsum("ijk,ja,ka->ia", x, a, b), np.einsum("ijk,ja,ka->ia", x, a, b))
+
+
+def test_parametric_program_plans_per_shape_and_caches():
+    prog = deinsum.compile("...ij,...jk->...ik")
+    for shapes in [((2, 3, 4), (2, 4, 5)), ((3, 4), (4, 2))]:
+        a, b = (np.random.default_rng(1).standard_normal(s) for s in shapes)
+        np.testing.assert_allclose(prog(a, b), np.einsum("...ij,...jk->...ik", a, b))
+        assert prog.last_run.matches_model
+    assert prog.plan([(3, 4), (4, 2)], nprocs=1) is prog.plan([(3, 4), (4, 2)], nprocs=1)
+
+
+def test_mixed_dtypes_follow_numpy():
+    a = np.ones((3, 4), dtype=np.float32)
+    b = np.ones((4, 2), dtype=np.complex64)
+    out = deinsum.einsum("ij,jk->ik", a, b)
+    assert out.dtype == np.einsum("ij,jk->ik", a, b).dtype
+
+
+def test_reports_in_three_formats():
+    prog = deinsum.compile("ijk,ja,ka->ia", (40, 30, 20), (30, 8), (20, 8))
+    assert "SOAP I/O lower bound" in prog.report(nprocs=4) and "deinsum plan" in prog.report(nprocs=4)
+    assert "\\toprule" in prog.report("latex")
+    data = json.loads(prog.report("json", nprocs=4))
+    assert len(data["received_bytes_per_rank"]) == 4
+
+
+def test_plan_is_pure_for_any_p():
+    prog = deinsum.compile("ij,jk->ik", (97, 89), (89, 83))
+    for p in (1, 7, 11, 13, 1000):
+        plan = prog.plan(nprocs=p, inputs="local", output="distributed")
+        assert all(g.grid.used <= p for g in plan.groups)
+        assert len(plan.received_bytes()) == p
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4))(np.ones((2, 3))), "takes 2 operands, got 1"),
+    (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).plan(nprocs=0), "nprocs must be an integer >= 1"),
+    (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).plan(nprocs=2, inputs="disk"), "inputs='disk'"),
+    (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).plan(nprocs=2, output="cloud"), "output='cloud'"),
+    (lambda: deinsum.compile("ij,jk->ik", dtype="float1024"), "not a numpy data type"),
+    (lambda: deinsum.compile("ij,jk->ik", dtype=bool), "expected an integer, float or complex"),
+    (lambda: deinsum.compile("ij,jk->ik").plan(nprocs=2), "compiled without shapes"),
+    (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).plan(), "number of ranks is unknown"),
+    (lambda: deinsum.compile("...ij->ij").report(), "need shapes"),
+    (lambda: deinsum.compile("ii,ij->j", (3, 3), (3, 2)).plan(nprocs=2, inputs="local"), "need a unary pre-pass"),
+    (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4))(np.ones((2, 3)), np.ones((3, 4)), inputs="local"),
+     None),
+    (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).report("pdf"), "report format 'pdf'"),
+    (lambda: deinsum.compile(["ij"]), "must be a string"),
+])
+def test_errors_are_one_line_deinsum_errors(call, message):
+    if message is None:  # a correct call: local blocks at P = 1 are the whole arrays
+        assert call().shape == (2, 4)
+        return
+    with pytest.raises(DeinsumError) as err:
+        call()
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_local_blocks_of_wrong_shape_are_named():
+    prog = deinsum.compile("ij,jk->ik", (2, 3), (3, 4))
+    with pytest.raises(DeinsumError, match=r"operand 0: rank 0 must pass its block of shape \(2, 3\)"):
+        prog(np.ones((2, 2)), np.ones((3, 4)), inputs="local")
