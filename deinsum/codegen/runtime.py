@@ -46,18 +46,20 @@ class Clock:
 
 
 def pin_blas_threads(comm):
-    """Limit BLAS threads so that ranks on this node x threads = cores (needs threadpoolctl).
+    """Lower BLAS threads so that ranks on this node x threads <= cores (needs threadpoolctl).
 
-    Collective on ``comm``. Returns the threads per rank, or None without threadpoolctl.
+    Never raises a limit the caller set. Collective on ``comm``. Returns the
+    threads per rank, or None without threadpoolctl.
     """
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_info, threadpool_limits
     except ImportError:  # optional in emitted scripts
         return None
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    threads = max(1, (os.cpu_count() or 1) // node.size)
+    now = max((pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"), default=1)
+    threads = max(1, min(now, (os.cpu_count() or 1) // node.size))
     node.Free()
-    threadpool_limits(threads)
+    threadpool_limits(threads, user_api="blas")
     return threads
 
 

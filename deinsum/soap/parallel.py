@@ -2,8 +2,11 @@
 
 * memory-dependent: every rank moves at least ``|V| / (P rho(S))`` words;
 * memory-independent: a rank performing ``|V|/P`` iterations touches at least
-  ``X_P`` words, ``chi(X_P) = |V|/P``, and receives at least ``X_P - owned``,
-  where ``owned`` is its share of the inputs in the starting layout below.
+  ``X_P`` words, ``chi(X_P) = |V|/P``, and moves (receives or sends) at least
+  ``X_P - owned``, where ``owned`` is its share of the inputs at the start and
+  of the result at the end (layout below). soap.md subtracts the inputs only;
+  that overstates the bound by the output block a rank computes where it ends
+  (e.g. at P = 1 it would claim N^2 words for MM, where nothing moves).
 
 The larger of the two binds. The tile at ``X_P`` is the per-rank block that
 process-grid selection aims for.
@@ -24,7 +27,7 @@ from .numeric import clamped, numeric_bound, problem, split_tile
 from .statement import Statement, check_sizes, is_trivial
 
 #: The starting layout every parallel figure assumes.
-LAYOUT = "inputs evenly block-distributed over all P ranks, no replication"
+LAYOUT = "inputs evenly block-distributed over all P ranks at the start, the result at the end; no replication"
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ def parallel_bound(statement: Statement, sizes: Mapping[str, int], P: int, S: fl
     P = check_ranks(P)
     sizes = check_sizes(statement, sizes)
     seq = numeric_bound(statement, sizes, S)
-    owned = sum(statement.term_size(t, sizes) for t in statement.inputs) / P
+    owned = sum(statement.term_size(t, sizes) for t in statement.terms) / P
     if is_trivial(statement, sizes):
         return ParallelBound(statement, sizes, P, seq.S, 0.0, 0.0, 0.0, owned, dict(seq.tiles), ())
     pb = problem(statement, sizes)

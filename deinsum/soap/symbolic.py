@@ -93,8 +93,9 @@ class SymbolicBound:
 
     ``chi`` (in X), ``X0``, ``rho``, ``tiles`` (index -> tile at X0), ``Q >= |V|/rho``;
     for P ranks: ``XP`` solves ``chi(XP) = |V|/P``, ``Q_dep = |V|/(P rho)``
-    (memory-dependent), ``Q_indep = XP - owned`` (memory-independent; inputs evenly
-    block-distributed, no replication), ``tiles_P`` (index -> tile at XP).
+    (memory-dependent), ``Q_indep = XP - owned`` (memory-independent; ``owned``: a rank's
+    share of the inputs and of the result, evenly block-distributed, no replication),
+    ``tiles_P`` (index -> tile at XP).
     """
 
     statement: Statement
@@ -148,7 +149,7 @@ def _bound(terms: tuple[str, ...]) -> SymbolicBound:
     back = {c: v for v, c in rename.items()}
     V = statement.iteration_space()
     X0, rho = sol.X0(), sol.rho()
-    owned = sp.Add(*(statement.term_size(t) for t in statement.inputs)) / P
+    owned = sp.Add(*(statement.term_size(t) for t in statement.terms)) / P
     XP = sol.scalars + (V / (P * sol.coef)) ** (1 / sol.sigma)
     dropped = tuple(terms[k] for k in sol.dropped)
     reason = ""
