@@ -197,8 +197,7 @@ def notes(model_rows, runs) -> list[str]:
     below = [f"{r.kernel} P={r.nprocs}" for r in model_rows if r.ratio_to_bound is not None and r.ratio_to_bound < 1]
     if below:
         out.append(f"{len(below)} model row(s) fall below deinsum.soap's memory-independent bound ({', '.join(below)}):"
-                   " that bound subtracts only the inputs a rank owns at the start, so it also counts the rank's own"
-                   " output block, which the plan leaves where it is computed.")
+                   " the bound limits what the busiest rank receives or sends, bytes/rank counts received bytes only.")
     failed = [f"{r.kernel} P={r.nprocs} ({r.failure})" for r in model_rows if r.failure]
     if failed:
         out.append("Not modeled, the planner ran past the sweep's limits: " + "; ".join(failed) + ".")
