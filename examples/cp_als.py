@@ -20,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import deinsum
+from fit_check import report_fits
 
 LETTERS = "ijklmnopq"
 
@@ -128,12 +129,7 @@ def main(argv=None) -> int:
             print(f"  factor {n} ({shape[n]}x{args.rank}): "
                   + ("stays distributed (result layout = entry layout, whole rows)" if kept
                      else "gathered after its MTTKRP (its result layout splits columns or differs)"))
-        print("  iter  fit (deinsum)       fit (numpy)")
-        for k, (mine, ref) in enumerate(zip(fits, reference)):
-            print(f"  {k + 1:>4}  {mine:.12f}  {ref:.12f}")
-        error = max(abs(a - b) for a, b in zip(fits, reference))
-        status = 0 if error <= 1e-8 else 1
-        print(f"max |fit - numpy fit| = {error:.2e}: {'OK' if status == 0 else 'MISMATCH'}")
+        status = report_fits(fits, reference)
         print("last mode-0 MTTKRP per rank:", *runs, sep="\n  ")
     return comm.bcast(status, root=0)
 

@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 import deinsum
+from fit_check import report_fits
 
 TENSOR, CORE, GRAM = "ijklm", "abcde", "z"
 
@@ -164,12 +165,7 @@ def main(argv=None) -> int:
         for n in range(len(shape)):
             print(f"  mode {n}: TTMc {ttmc_equation(n, len(shape))} -> Gram {gram_equation(n, len(shape))}")
         print(f"  core: {core_equation(len(shape))}")
-        print("  iter  fit (deinsum)       fit (numpy)")
-        for k, (mine, ref) in enumerate(zip(fits, reference)):
-            print(f"  {k + 1:>4}  {mine:.12f}  {ref:.12f}")
-        error = max(abs(a - b) for a, b in zip(fits, reference))
-        status = 0 if error <= 1e-8 else 1
-        print(f"max |fit - numpy fit| = {error:.2e}: {'OK' if status == 0 else 'MISMATCH'}")
+        status = report_fits(fits, reference)
     return comm.bcast(status, root=0)
 
 
