@@ -31,18 +31,17 @@ OUTPUT_MODES = {"all": "whole result on every rank", "root": "whole result on ra
 DEFAULT_MEMORY = 2**27
 
 
-def entry_layout(mode: str, shape: tuple[int, ...], nprocs: int) -> Layout:
-    """Where an operand starts: on every rank, on rank 0, or evenly block-distributed."""
-    if mode == "global":
-        return Layout.replicated(shape, nprocs)
-    if mode == "root":
-        return Layout.on_root(shape, nprocs)
-    return Layout.even(shape, nprocs)
+_MODE_LAYOUTS = {"global": Layout.replicated, "all": Layout.replicated, "root": Layout.on_root,
+                 "local": Layout.even, "distributed": Layout.even}
 
 
-def exit_layout(mode: str, shape: tuple[int, ...], nprocs: int) -> Layout:
-    """Where the result ends: on every rank, on rank 0, or evenly distributed."""
-    return {"all": Layout.replicated, "root": Layout.on_root, "distributed": Layout.even}[mode](shape, nprocs)
+def mode_layout(mode: str, shape: tuple[int, ...], nprocs: int) -> Layout:
+    """The layout of an input or output mode: on every rank, on rank 0, or evenly block-distributed.
+
+    >>> mode_layout("root", (3, 4), 2) == Layout.on_root((3, 4), 2)
+    True
+    """
+    return _MODE_LAYOUTS[mode](shape, nprocs)
 
 
 @dataclass(frozen=True)
@@ -165,6 +164,10 @@ class Plan:
 
     def model_bytes(self) -> list[tuple[int, int]]:
         """Predicted (bytes sent, bytes received) of every rank, from the exchange tables."""
+        return self._model_bytes
+
+    @cached_property
+    def _model_bytes(self) -> list[tuple[int, int]]:
         size = self.dtype.itemsize
         return [(sum(m.redistribution.bytes_sent(r, size) for m in self.moves),
                  sum(m.redistribution.bytes_received(r, size) for m in self.moves)) for r in range(self.nprocs)]
@@ -234,7 +237,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     sizes = d.sizes
     shape_of = lambda sub: tuple(sizes[c] for c in sub)  # noqa: E731
 
-    layouts = {name: entry_layout(inputs, shape_of(sub), nprocs)
+    layouts = {name: mode_layout(inputs, shape_of(sub), nprocs)
                for name, sub in zip(d.input_names, d.input_subscripts)}
     entry = tuple(layouts[n] for n in d.input_names)
     analysis = analyze(d, S=memory, P=nprocs) if d.steps else None
@@ -247,7 +250,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
         reads = _group_reads(steps)
         last = steps[-1]
         is_last = g == len(ordered) - 1
-        target = exit_layout(output, shape_of(last.output), nprocs) if is_last else None
+        target = mode_layout(output, shape_of(last.output), nprocs) if is_last else None
         choice = plan_grid(bound.statement.variables, sizes, tuple(sub for _, sub in reads), last.output, nprocs,
                            tile=tile, sources=tuple(layouts[name] for name, _ in reads), target=target)
         for name, sub in reads:
@@ -262,8 +265,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
         schedule.append(("compute", group))
         layouts[last.name] = choice.layout(last.output, sizes, partial=True)
     if not d.steps:  # a single operand: the pre-pass makes the result where the operand is
-        layouts["out"] = entry_layout(inputs, shape_of(d.output), nprocs)
-    final = exit_layout(output, shape_of(d.output), nprocs)
+        layouts["out"] = mode_layout(inputs, shape_of(d.output), nprocs)
+    final = mode_layout(output, shape_of(d.output), nprocs)
     src = layouts["out"]
     if not _holds_blocks(src, final, nprocs):
         phase = "gather" if output != "distributed" else "reduce" if src.partial else "redistribute"

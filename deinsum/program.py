@@ -75,9 +75,11 @@ _PINNED: list = []  # non-empty once this process pinned its BLAS threads
 
 
 @lru_cache(maxsize=64)
-def _compiled(plan: Plan):
-    """The plan's program text, compiled once (the same text ``to_script`` writes)."""
-    return compile(generate(plan), f"<deinsum program {plan.equation}>", "exec")
+def _program(plan: Plan) -> dict:
+    """The namespace of the plan's program text (the same text ``to_script`` writes), executed once."""
+    namespace: dict = {"__name__": "deinsum_program"}
+    exec(compile(generate(plan), f"<deinsum program {plan.equation}>", "exec"), namespace)
+    return namespace
 
 
 @dataclass
@@ -179,8 +181,7 @@ class Program:
                 if a.shape != tuple(want):
                     raise DeinsumError(f"operand {n}: rank {comm.rank} must pass its block of shape {tuple(want)}"
                                        f" (see Program.input_blocks), not {a.shape}")
-        ns: dict = {"__name__": "deinsum_program"}
-        exec(_compiled(plan), ns)
+        ns = _program(plan)
         if self.threads == "auto" and not _PINNED:
             ns["pin_blas_threads"](comm)
             _PINNED.append(comm.size)

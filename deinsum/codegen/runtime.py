@@ -118,8 +118,7 @@ def save_atomically(path, array):
 
 def summarize(samples):
     """Median and [min, max] of a list of seconds, as text."""
-    s = sorted(samples)
-    return f"{s[len(s) // 2]:.6f} [{s[0]:.6f}, {s[-1]:.6f}]"
+    return f"{float(np.median(samples)):.6f} [{min(samples):.6f}, {max(samples):.6f}]"
 
 
 def script_main(ns, argv=None):
