@@ -153,5 +153,5 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
     compile(text, str(path), "exec")
     assert "# -------- group 0: ja,ka->jka; ijk,jka->ia" in text
     assert "Create_cart" in text and "contract_pair(" in text and "MOVES = " in text
-    assert subprocess.run([sys.executable, "-c", "import ast,sys; ast.parse(open(sys.argv[1]).read())", str(path)]
-                          ).returncode == 0
+    assert subprocess.run([sys.executable, "-c", "import ast,sys; ast.parse(open(sys.argv[1]).read())", str(path)],
+                          timeout=60).returncode == 0
