@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 
 def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memory: int | None = None,
-            inputs: str = "global", output: str = "all", threads: str | None = "auto"):
+            inputs: str = "global", output: str = "all", threads: str | None = "auto", layouts: dict | None = None):
     """Compile ``equation`` into a :class:`~deinsum.program.Program`.
 
     With ``shapes`` it plans concretely; without, it is parametric and plans (and
@@ -23,10 +23,15 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
     where operands start ('global' on every rank, 'root' on rank 0, 'local'
     blocks); ``output`` where the result goes ('all', 'root', 'distributed').
     ``threads='auto'`` pins BLAS threads at the first run so that ranks per node
-    x threads = cores (threadpoolctl); ``None`` leaves them alone.
+    x threads = cores (threadpoolctl); ``None`` leaves them alone. ``layouts``
+    pins the layout of inputs (``"in0"``, ...) or the result (``"out"``): a
+    :class:`~deinsum.layout.Layout` or ``"even"``; the plan is built around them.
+    Unpinned ``'local'`` inputs and a ``'distributed'`` result get the layouts
+    the planner chooses (see ``Program.input_blocks``).
     """
     from .program import Program
-    return Program(equation, tuple(shapes) if shapes else None, nprocs, dtype, memory, inputs, output, threads)
+    return Program(equation, tuple(shapes) if shapes else None, nprocs, dtype, memory, inputs, output, threads,
+                   layouts)
 
 
 def einsum(equation: str, *arrays, comm=None, **options):

@@ -4,31 +4,41 @@ Planning is pure (no MPI): a Plan can be built for any number of ranks. The
 report, the in-process runtime and the emitted script all read it.
 
 >>> from deinsum.decompose import decompose
->>> plan = build_plan(decompose("ij,jk->ik", (64, 64), (64, 64)), nprocs=8, inputs="local", output="distributed")
->>> plan.groups[0].grid.used, [m.label for m in plan.moves]
-(8, ['in0: distribute', 'in1: distribute'])
+>>> plan = build_plan(decompose("ij,jk->ik", (64, 64), (64, 64)), nprocs=8)
+>>> plan.groups[0].grid.dims, [m.label for m in plan.moves]
+((2, 2, 2), ['in0: distribute', 'in1: distribute', 'out: reduce'])
 >>> [int(b) for b in plan.received_bytes()] == [received for _, received in plan.model_bytes()]
 True
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import Mapping
 
 import numpy as np
 
 from .decompose import Decomposition, Step
 from .errors import DeinsumError
-from .grids import GridChoice, Layout, plan_grid
-from .redistribute import Redistribution, plan_redistribution, received_words
-from .soap import analyze
+from .grids import GridChoice, candidate_grids, estimate_words, tile_distance
+from .layout import Layout
+from .redistribute import Redistribution, plan_redistribution, received_words, sample_ranks
+from .soap import analyze, parallel_bound
 
 INPUT_MODES = {"global": "global arrays on every rank", "root": "global arrays on rank 0",
-               "local": "evenly block-distributed local blocks, no replication"}
+               "local": "each rank holds one block, no replication; the planner chooses the layout"}
 OUTPUT_MODES = {"all": "whole result on every rank", "root": "whole result on rank 0",
-                "distributed": "evenly block-distributed"}
-#: Default local memory per rank, in elements, for the SOAP bounds (1 GiB of float64).
-DEFAULT_MEMORY = 2**27
+                "distributed": "each rank holds one block, no replication; the planner chooses the layout"}
+#: The search plans at most this many fusion candidates (best first by the SOAP analysis).
+MAX_PARTITIONS = 16
+#: Per group and partial plan, the grids with the best estimates that are scored exactly ...
+GRIDS_PER_GROUP = 6
+#: ... and the partial plans kept after each group (beam search).
+BEAM_WIDTH = 6
+#: The search models this many sample ranks (all of them up to this count); the chosen plan is
+#: modeled on every rank.
+SEARCH_RANKS = 256
 
 
 _MODE_LAYOUTS = {"global": Layout.replicated, "all": Layout.replicated, "root": Layout.on_root,
@@ -134,6 +144,26 @@ def _within_groups(tables, layout: Layout, dims: tuple[int, ...]):
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class PlanBound:
+    """The per-rank lower bound a plan is held against, in words.
+
+    ``words``: the least any plan deinsum can make for this einsum and start
+    receives on its busiest rank (the smallest over fusion candidates of the
+    largest group bound); ``per_group``: the bound of each group of the chosen
+    plan, as one fused statement; ``candidates``: ``(partition, bound,
+    modeled words or None)`` of every fusion candidate.
+    """
+
+    words: float
+    per_group: tuple[float, ...]
+    candidates: tuple[tuple[tuple[tuple[int, ...], ...], float, int | None], ...]
+    binding: str
+
+    COVERS = ("every fusion candidate of this decomposition on P ranks, each iteration computed once, "
+              "a rank owning at most the blocks its plan gives it at the start and end")
+
+
 @dataclass(frozen=True, eq=False)
 class Plan:
     """Everything needed to run (or emit) one einsum on ``nprocs`` ranks."""
@@ -149,6 +179,8 @@ class Plan:
     entry: tuple[Layout, ...]
     exit: Layout
     schedule: tuple[tuple[str, object], ...]   # ("move", Move) | ("compute", GroupPlan), in order
+    pinned: tuple[str, ...] = ()
+    bound: PlanBound | None = None
 
     @property
     def equation(self) -> str:
@@ -162,6 +194,11 @@ class Plan:
         """Modeled bytes every rank receives (from the volume model: fast for any number of ranks)."""
         return sum((m.words_received for m in self.moves), np.zeros(self.nprocs, dtype=np.int64)) * self.dtype.itemsize
 
+    @property
+    def lower_bound_bytes(self) -> float:
+        """Bytes per rank that any plan deinsum can make for this einsum and start receives at least."""
+        return 0.0 if self.bound is None else self.bound.words * self.dtype.itemsize
+
     def model_bytes(self) -> list[tuple[int, int]]:
         """Predicted (bytes sent, bytes received) of every rank, from the exchange tables."""
         return self._model_bytes
@@ -172,11 +209,17 @@ class Plan:
         return [(sum(m.redistribution.bytes_sent(r, size) for m in self.moves),
                  sum(m.redistribution.bytes_received(r, size) for m in self.moves)) for r in range(self.nprocs)]
 
+    def _move_kind(self, m: Move) -> str:
+        if m.tensor in self.pinned:
+            return f"{m.phase} (convert pinned layout)"
+        return m.phase
+
     def __str__(self) -> str:
-        d = self.decomposition
+        d, size = self.decomposition, self.dtype.itemsize
         lines = [f"deinsum plan for {d.equation!r} on {self.nprocs} rank(s), dtype {self.dtype.name}",
-                 f"  inputs: {INPUT_MODES[self.inputs]}; result: {OUTPUT_MODES[self.output]}",
-                 f"  local memory for the SOAP bounds: S = {self.memory} elements",
+                 f"  inputs: {INPUT_MODES[self.inputs]}; result: {OUTPUT_MODES[self.output]}"
+                 + (f"; pinned: {', '.join(self.pinned)}" if self.pinned else ""),
+                 f"  memory per rank: {_human(self.memory * size)} ({self.memory:,} words of {size} B)",
                  str(d), ""]
         for g in self.groups:
             ops = "; ".join(s.operation for s in g.steps)
@@ -184,14 +227,101 @@ class Plan:
             lines.append(f"  group {g.index}: {ops}")
             lines.append(f"    grid ({dims}) on {g.grid.used} of {self.nprocs} ranks"
                          + (f"; {g.grid.idle} idle: {g.grid.reason}" if g.grid.idle else ""))
+            if self.bound is not None:
+                lines.append(f"    receives {_human(g.grid.volume * size)} per rank (busiest); bound as one "
+                             f"statement {_human(self.bound.per_group[g.index] * size)}"
+                             f" -> {_ratio(g.grid.volume, self.bound.per_group[g.index])}")
         lines.append("")
-        lines.append("  data movement (bytes per rank, max over ranks):")
+        lines.append("  data movement (bytes received per rank, max over ranks):")
         for m in self.moves:
-            lines.append(f"    {m.label:<32} {int(m.words_received.max()) * self.dtype.itemsize:>14,}")
+            lines.append(f"    {m.tensor + ': ' + self._move_kind(m):<40} {int(m.words_received.max()) * size:>14,}")
         received = self.received_bytes()
         lines.append(f"  total received per rank: max {int(received.max()):,} bytes, "
                      f"mean {float(received.mean()):,.0f}")
+        if self.bound is not None:
+            lines.append(f"  lower bound per rank: {self.lower_bound_bytes:,.0f} bytes "
+                         f"({self.bound.words:,.0f} words, {self.bound.binding}); "
+                         f"ours / bound = {_ratio(int(received.max()) / size, self.bound.words)}")
+            lines.append(f"    holds for {PlanBound.COVERS}")
         return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        """The whole plan as JSON-ready data (bytes; words where noted)."""
+        size = self.dtype.itemsize
+
+        def layout(lay: Layout, names: str) -> dict:
+            return {"shape": list(lay.shape), "grid": list(lay.grid),
+                    "axes": [list(lay.axis_dims(x)) for x in range(len(lay.shape))],
+                    "partial": list(lay.partial), "indices": names, "spec": lay.spec(names)}
+
+        subs = {**dict(zip(self.decomposition.input_names, self.decomposition.input_subscripts)),
+                "out": self.decomposition.output}
+        for g in self.groups:
+            subs.update({s.name: s.output for s in g.steps})
+        received = self.received_bytes()
+        groups = []
+        for g in self.groups:
+            groups.append({"index": g.index, "steps": [s.operation for s in g.steps],
+                           "grid": dict(zip(g.indices, g.grid.dims)), "ranks_used": g.grid.used,
+                           "ranks_idle": g.grid.idle, "reason": g.grid.reason,
+                           "tensors": {name: layout(g.grid.layout(sub, self.decomposition.sizes, partial=False), sub)
+                                       for name, sub in g.reads} | {g.output: layout(g.grid.layout(
+                                           g.output_subscripts, self.decomposition.sizes), g.output_subscripts)},
+                           "received_bytes_max": g.grid.volume * size,
+                           "lower_bound_bytes": None if self.bound is None else self.bound.per_group[g.index] * size})
+        moves = [{"tensor": m.tensor, "kind": self._move_kind(m), "src": layout(m.src, subs[m.tensor]),
+                  "dst": layout(m.dst, subs[m.tensor]),
+                  "bytes_received_per_rank": (m.words_received * size).tolist(),
+                  "bytes_sent_per_rank": [m.redistribution.bytes_sent(r, size) for r in range(self.nprocs)]
+                  if self.nprocs <= 4096 else None} for m in self.moves]
+        return {"equation": self.equation, "nprocs": self.nprocs, "dtype": self.dtype.name,
+                "inputs": self.inputs, "output": self.output, "pinned": list(self.pinned),
+                "memory_bytes_per_rank": self.memory * size,
+                "entry": {n: layout(lay, s) for n, lay, s in zip(self.decomposition.input_names, self.entry,
+                                                                  self.decomposition.input_subscripts)},
+                "exit": layout(self.exit, self.decomposition.output),
+                "groups": groups, "moves": moves,
+                "received_bytes_per_rank": int(received.max(initial=0)),
+                "received_bytes_all_ranks": received.tolist(),
+                "lower_bound_bytes_per_rank": self.lower_bound_bytes,
+                "lower_bound_covers": PlanBound.COVERS if self.bound is not None else None,
+                "fusion_candidates": [] if self.bound is None else [
+                    {"partition": [list(g) for g in p], "lower_bound_bytes": b * size,
+                     "received_bytes_per_rank": None if v is None else v * size}
+                    for p, b, v in self.bound.candidates]}
+
+
+def _human(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def _ratio(ours: float, bound: float) -> str:
+    return f"{ours / bound:.3f}x" if bound > 0 else ("1 (both zero)" if ours == 0 else "inf (bound 0)")
+
+
+def default_memory(nprocs: int, itemsize: int) -> int:
+    """Words of memory a rank really has here: available memory over the ranks sharing this node.
+
+    Ranks per node at plan time: ``min(nprocs, cpu count)``. Reads ``MemAvailable`` (Linux),
+    else physical pages.
+
+    >>> default_memory(1, 8) > 0
+    True
+    """
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if available is None:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1, available // max(1, min(nprocs, os.cpu_count() or 1)) // itemsize)
 
 
 def _holds_blocks(src: Layout, dst: Layout, nprocs: int) -> bool:
@@ -200,6 +330,8 @@ def _holds_blocks(src: Layout, dst: Layout, nprocs: int) -> bool:
     >>> _holds_blocks(Layout.on_root((3, 4), 1), Layout.even((3, 4), 1), 1)
     True
     """
+    if src == dst:
+        return True
     if src.partial or min(src.nranks, nprocs) != min(dst.nranks, nprocs):
         return False
     (src_lo, src_hi), (dst_lo, dst_hi) = src.boxes(nprocs), dst.boxes(nprocs)
@@ -211,66 +343,271 @@ def _group_reads(steps: tuple[Step, ...]) -> tuple[tuple[str, str], ...]:
     reads = []
     for s in steps:
         for name, sub in zip(s.operands, s.subscripts):
-            if name not in produced:
+            if name not in produced and (name, sub) not in reads:
                 reads.append((name, sub))
     return tuple(reads)
 
 
+def _group_indices(steps: tuple[Step, ...]) -> str:
+    return "".join(dict.fromkeys("".join("".join(s.subscripts) + s.output for s in steps)))
+
+
+def pin_layout(spec, shape: tuple[int, ...], nprocs: int, what: str) -> Layout:
+    """A pinned layout: a :class:`Layout`, or a mode name (``"even"``, ``"replicated"``, ``"root"``).
+
+    >>> pin_layout("even", (4, 6), 4, "in0").grid
+    (2, 2)
+    """
+    named = {"even": Layout.even, "replicated": Layout.replicated, "root": Layout.on_root}
+    if isinstance(spec, str):
+        if spec not in named:
+            raise DeinsumError(f"layout of {what}: {spec!r} is not one of {', '.join(named)} or a Layout")
+        return named[spec](shape, nprocs)
+    if not isinstance(spec, Layout):
+        raise DeinsumError(f"layout of {what}: expected a Layout or one of {', '.join(named)}, "
+                           f"not {type(spec).__name__}")
+    if spec.shape != tuple(shape) or spec.nranks > nprocs or spec.partial:
+        raise DeinsumError(f"layout of {what}: {spec} does not fit shape {tuple(shape)} on {nprocs} ranks "
+                           f"(or holds partial sums)")
+    return spec
+
+
+# ----------------------------------------------------------------------------- the search
+
+@dataclass(frozen=True)
+class _State:
+    """A partial plan during the search: the groups placed so far and where every tensor is."""
+
+    received: np.ndarray                 # words per modeled rank so far
+    pending: np.ndarray                  # estimated words still owed for partial intermediates
+    layouts: tuple[tuple[str, Layout], ...]
+    entry: tuple[tuple[str, Layout], ...]
+    items: tuple                         # ("move", Move) | ("compute", GroupPlan)
+
+    def key(self) -> tuple:
+        total = self.received + self.pending
+        idle = sum(item.grid.idle for kind, item in self.items if kind == "compute")
+        return (int(total.max(initial=0)), int(total.sum()), idle,
+                tuple(item.grid.dims for kind, item in self.items if kind == "compute"))
+
+
+class _Planner:
+    """Builds plans for one decomposition, P and start/end: the beam search over grids, and the
+    assembly of the chosen plan with the exact model on every rank."""
+
+    def __init__(self, d: Decomposition, nprocs: int, starts: dict[str, Layout | None], finish: Layout | None):
+        self.d, self.nprocs, self.starts, self.finish = d, nprocs, starts, finish
+        self.sizes = dict(d.sizes)
+        self.ranks = sample_ranks(nprocs, SEARCH_RANKS)
+        self._words: dict = {}
+
+    def shape(self, sub: str) -> tuple[int, ...]:
+        return tuple(self.sizes[c] for c in sub)
+
+    def words(self, src: Layout, dst: Layout, ranks: np.ndarray) -> np.ndarray:
+        key = (src, dst, ranks.size)
+        if key not in self._words:
+            self._words[key] = received_words(src, dst, self.nprocs, ranks)
+        return self._words[key]
+
+    def home(self, layout: Layout) -> Layout:
+        """Where a tensor computed or read on a grid lives when nobody needs it replicated."""
+        return Layout(layout.shape, layout.grid, layout.axes).spread()
+
+    def search(self, partition: tuple[tuple[int, ...], ...]) -> _State:
+        """The best plan of one partition: a beam over each group's most promising grids."""
+        steps = self.d.steps
+        groups = sorted(partition, key=max)      # a group runs once its last step can: topological order
+        zero = np.zeros(self.ranks.size, dtype=np.int64)
+        states = [_State(zero, zero, tuple((n, s) for n, s in self.starts.items() if s is not None), (), ())]
+        for number, members in enumerate(groups):
+            group_steps = tuple(steps[k] for k in sorted(members))
+            last = number == len(groups) - 1
+            extended = []
+            for state in states:
+                for choice in self.grids(group_steps, state, last):
+                    extended.append(self.extend(state, number, group_steps, choice, self.ranks, last))
+            states = sorted(extended, key=_State.key)[:BEAM_WIDTH]
+        return states[0]
+
+    def grids(self, group_steps, state: _State, last: bool) -> list[GridChoice]:
+        """The GRIDS_PER_GROUP best grids of a group by :func:`estimate_words`, given where its inputs are."""
+        indices, out = _group_indices(group_steps), group_steps[-1].output
+        layouts = dict(state.layouts)
+        reads = [(sub, layouts.get(name)) for name, sub in _group_reads(group_steps)]
+        dims, note = candidate_grids(self.nprocs, indices, self.sizes)
+        target = self.finish if last else None
+        estimate = estimate_words(indices, self.sizes, dims, self.nprocs, reads, out, target)
+        idle = self.nprocs - dims.prod(axis=1)
+        fit = np.round(tile_distance(dims, indices, self.sizes, None), 9)
+        order = np.lexsort(tuple(dims[:, v] for v in reversed(range(len(indices)))) + (fit, idle, estimate))
+        return [GridChoice(indices, tuple(int(p) for p in dims[r]), out, self.nprocs, int(estimate[r]), note)
+                for r in order[:GRIDS_PER_GROUP]]
+
+    def extend(self, state: _State, number: int, group_steps, choice: GridChoice, ranks: np.ndarray,
+               last: bool) -> _State:
+        """``state`` with one more group on ``choice``: its input moves, its compute, and (last) the exit."""
+        layouts, entry = dict(state.layouts), dict(state.entry)
+        received, pending = state.received.copy(), state.pending.copy()
+        items = list(state.items)
+        group_words = np.zeros(ranks.size, dtype=np.int64)
+        for name, sub in _group_reads(group_steps):
+            dst = choice.layout(sub, self.sizes, partial=False)
+            src = layouts.get(name)
+            if src is None:                       # the planner chooses where this input starts: at home here
+                src = entry[name] = self.home(dst)
+            elif src.partial:                     # the estimate owed for it is now paid for real
+                pending -= self.words(src, self.home(Layout(src.shape, src.grid, src.axes)), ranks)
+            if not _holds_blocks(src, dst, self.nprocs):
+                phase = "distribute" if name in self.d.input_names else "reduce" if src.partial else "redistribute"
+                moved = self.words(src, dst, ranks)
+                group_words += moved
+                items.append(("move", Move(name, phase, src, dst, self.nprocs)))
+            layouts[name] = dst
+        group = GroupPlan(number, group_steps, choice, _group_reads(group_steps), group_steps[-1].name,
+                          group_steps[-1].output)
+        items.append(("compute", group))
+        produced = choice.layout(group.output_subscripts, self.sizes, partial=True)
+        layouts[group.output] = produced
+        received += group_words
+        if last:
+            final = self.finish or self.home(produced)
+            entry["out"] = final
+            if not _holds_blocks(produced, final, self.nprocs):
+                received += self.words(produced, final, ranks)
+                phase = "gather" if self.finish is not None and self.finish.nranks < self.nprocs else (
+                    "reduce" if produced.partial else "redistribute")
+                items.append(("move", Move("out", phase, produced, final, self.nprocs)))
+        elif produced.partial:
+            pending += self.words(produced, self.home(Layout(produced.shape, produced.grid, produced.axes)), ranks)
+        return _State(received, pending, tuple(layouts.items()), tuple(entry.items()), tuple(items))
+
+    def assemble(self, state: _State) -> _State:
+        """The chosen plan again on every rank (exact model, exact no-move checks)."""
+        ranks = np.arange(self.nprocs)
+        zero = np.zeros(self.nprocs, dtype=np.int64)
+        full = _State(zero, zero, tuple((n, s) for n, s in self.starts.items() if s is not None), (), ())
+        groups = [item for kind, item in state.items if kind == "compute"]
+        for number, group in enumerate(groups):
+            full = self.extend(full, number, group.steps, group.grid, ranks, number == len(groups) - 1)
+        return full
+
+
+def _group_volume(items, group_index: int) -> int:
+    """Words the busiest rank receives in the moves that bring a group its inputs."""
+    total = None
+    current = []
+    for kind, item in items:
+        if kind == "move":
+            current.append(item)
+        elif item.index == group_index:
+            total = sum((m.words_received for m in current), np.zeros(1, dtype=np.int64))
+            break
+        else:
+            current = []
+    return int(total.max(initial=0)) if total is not None else 0
+
+
 def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memory: int | None = None,
-               inputs: str = "global", output: str = "all") -> Plan:
-    """Plan ``decomposition`` on ``nprocs`` ranks (pure; no MPI needed)."""
+               inputs: str = "local", output: str = "distributed",
+               layouts: Mapping[str, object] | None = None) -> Plan:
+    """Plan ``decomposition`` on ``nprocs`` ranks (pure; no MPI needed).
+
+    ``inputs``/``output`` say where the operands start and the result ends (see
+    INPUT_MODES, OUTPUT_MODES); under ``"local"``/``"distributed"`` the planner
+    chooses each tensor's even, non-replicated layout. ``layouts`` pins the
+    layout of any input (``"in0"``, ...) or of the result (``"out"``): a
+    :class:`Layout` or ``"even"``/``"replicated"``/``"root"``. Every fusion
+    candidate of the SOAP analysis (up to MAX_PARTITIONS) is planned and the one
+    whose busiest rank receives least wins.
+    """
     d = decomposition
     if d.sizes is None:
         raise DeinsumError("a run plan needs concrete sizes: pass operand shapes")
-    if not isinstance(nprocs, (int, np.integer)) or nprocs < 1:
+    if isinstance(nprocs, bool) or not isinstance(nprocs, (int, np.integer)) or nprocs < 1:
         raise DeinsumError(f"nprocs must be an integer >= 1, not {nprocs!r}")
+    nprocs = int(nprocs)
     if inputs not in INPUT_MODES:
         raise DeinsumError(f"inputs={inputs!r}: expected one of {', '.join(INPUT_MODES)}")
     if output not in OUTPUT_MODES:
         raise DeinsumError(f"output={output!r}: expected one of {', '.join(OUTPUT_MODES)}")
-    if inputs == "local" and d.prepass:
-        names = ", ".join(s.operands[0] for s in d.prepass)
-        raise DeinsumError(f"operand(s) {names} need a unary pre-pass (diagonal, sum or broadcast): "
-                           f"pass global arrays (inputs='global' or 'root')")
     dtype = np.dtype(dtype)
-    memory = DEFAULT_MEMORY if memory is None else int(memory)
-    sizes = d.sizes
-    shape_of = lambda sub: tuple(sizes[c] for c in sub)  # noqa: E731
-
-    layouts = {name: mode_layout(inputs, shape_of(sub), nprocs)
-               for name, sub in zip(d.input_names, d.input_subscripts)}
-    entry = tuple(layouts[n] for n in d.input_names)
+    memory = default_memory(nprocs, dtype.itemsize) if memory is None else int(memory)
+    pins = {f"in{key}" if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else key: spec
+            for key, spec in (layouts or {}).items()}
+    names = {**{n: s for n, s in zip(d.input_names, d.input_subscripts)}, "out": d.output}
+    for key in pins:
+        if key not in names:
+            raise DeinsumError(f"layouts: {key!r} is not a tensor of {d.equation!r} "
+                               f"(expected one of {', '.join(names)})")
+    if d.prepass and (inputs == "local" or set(pins) & {s.operands[0] for s in d.prepass}):
+        names_ = ", ".join(s.operands[0] for s in d.prepass)
+        raise DeinsumError(f"operand(s) {names_} need a unary pre-pass (diagonal, sum or broadcast): "
+                           f"pass global arrays (inputs='global' or 'root')")
+    shape_of = lambda sub: tuple(d.sizes[c] for c in sub)  # noqa: E731
+    starts = {}
+    for name, sub in zip(d.input_names, d.input_subscripts):
+        if name in pins:
+            starts[name] = pin_layout(pins[name], shape_of(sub), nprocs, name)
+        else:
+            starts[name] = None if inputs == "local" else mode_layout(inputs, shape_of(sub), nprocs)
+    finish = (pin_layout(pins["out"], shape_of(d.output), nprocs, "out") if "out" in pins
+              else None if output == "distributed" else mode_layout(output, shape_of(d.output), nprocs))
     analysis = analyze(d, S=memory, P=nprocs) if d.steps else None
-    schedule, groups = [], []
-    # a group runs once its last step can: ordering by last step is a topological order
-    ordered = sorted(analysis.groups, key=lambda b: max(b.steps)) if analysis else []
-    for g, bound in enumerate(ordered):
-        steps = tuple(d.steps[k] for k in sorted(bound.steps))
-        tile = bound.parallel.tiles
-        reads = _group_reads(steps)
-        last = steps[-1]
-        is_last = g == len(ordered) - 1
-        target = mode_layout(output, shape_of(last.output), nprocs) if is_last else None
-        choice = plan_grid(bound.statement.variables, sizes, tuple(sub for _, sub in reads), last.output, nprocs,
-                           tile=tile, sources=tuple(layouts[name] for name, _ in reads), target=target)
-        for name, sub in reads:
-            dst = choice.layout(sub, sizes, partial=False)
-            src = layouts[name]
-            if not _holds_blocks(src, dst, nprocs):
-                phase = "distribute" if name in d.input_names else ("reduce" if src.partial else "redistribute")
-                schedule.append(("move", Move(name, phase, src, dst, nprocs)))
-            layouts[name] = dst
-        group = GroupPlan(g, steps, choice, reads, last.name, last.output)
-        groups.append(group)
-        schedule.append(("compute", group))
-        layouts[last.name] = choice.layout(last.output, sizes, partial=True)
-    if not d.steps:  # a single operand: the pre-pass makes the result where the operand is
-        layouts["out"] = mode_layout(inputs, shape_of(d.output), nprocs)
-    final = mode_layout(output, shape_of(d.output), nprocs)
-    src = layouts["out"]
-    if not _holds_blocks(src, final, nprocs):
-        phase = "gather" if output != "distributed" else "reduce" if src.partial else "redistribute"
-        schedule.append(("move", Move("out", phase, src, final, nprocs)))
-    return Plan(d, int(nprocs), dtype, memory, inputs, output, analysis, tuple(groups), entry, final,
-                tuple(schedule))
 
+    if not d.steps:  # a single operand: the pre-pass makes the result where the operand is
+        start = starts["in0"] or mode_layout("local", shape_of(d.raw_subscripts[0]), nprocs)
+        src = mode_layout("local" if inputs == "local" else inputs, shape_of(d.output), nprocs)
+        final = finish or Layout.even(shape_of(d.output), nprocs)
+        schedule = () if _holds_blocks(src, final, nprocs) else (
+            ("move", Move("out", "gather" if finish is not None else "redistribute", src, final, nprocs)),)
+        return Plan(d, nprocs, dtype, memory, inputs, output, analysis, (), (start,), final, schedule,
+                    tuple(sorted(pins)), ())
+
+    planner = _Planner(d, nprocs, starts, finish)
+    scored = []
+    for candidate in analysis.candidates[:MAX_PARTITIONS]:
+        state = planner.search(candidate.partition)
+        scored.append((state.key(), candidate.partition, state))
+    scored.sort(key=lambda t: (t[0], t[1]))
+    best = planner.assemble(scored[0][2])
+    entry = {**{n: s for n, s in starts.items() if s is not None}, **dict(best.entry)}
+    groups = tuple(item for kind, item in best.items if kind == "compute")
+    groups = tuple(GroupPlan(g.index, g.steps, replace(g.grid, volume=_group_volume(best.items, g.index),
+                                                       reason=f"{g.grid.reason}; best of {len(scored)} fusion "
+                                                              f"candidate(s) x beam {BEAM_WIDTH}"),
+                             g.reads, g.output, g.output_subscripts) for g in groups)
+    by_index = {g.index: g for g in groups}
+    schedule = tuple((kind, by_index[item.index] if kind == "compute" else item) for kind, item in best.items)
+    plan = Plan(d, nprocs, dtype, memory, inputs, output, analysis, groups,
+                tuple(entry[n] for n in d.input_names), entry["out"], schedule, tuple(sorted(pins)))
+    states = {partition: state for _, partition, state in scored}
+    states[scored[0][1]] = best
+    return replace(plan, bound=_plan_bound(plan, analysis, states, scored[0][1]))
+
+
+def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
+    """The lower bound for this einsum and start: the least, over fusion candidates, of the largest
+    per-rank bound of a group; in each candidate a rank owns at most the largest block that the
+    candidate's plan (or an even layout) gives it."""
+    d, nprocs = plan.decomposition, plan.nprocs
+    candidates, per_partition = [], {}
+    for c in analysis.candidates:
+        owned: dict[str, int] = {}
+        state = scored.get(c.partition)
+        if state is not None:
+            layouts = list(state.entry) + [(item.output, item.grid.layout(item.output_subscripts, d.sizes,
+                                                                           partial=False))
+                                           for kind, item in state.items if kind == "compute"]
+            for name, layout in layouts:
+                block = Layout(layout.shape, layout.grid, layout.axes).largest_block()
+                owned[name] = max(owned.get(name, 0), block)
+        bounds = [parallel_bound(g.statement, d.sizes, nprocs, plan.memory, owned) for g in c.groups]
+        per_partition[c.partition] = bounds
+        modeled = None if state is None else int(state.received.max(initial=0))
+        candidates.append((c.partition, max(b.Q for b in bounds), modeled))
+    in_order = sorted(chosen, key=max)            # the plan's groups run in this order
+    chosen_bounds = [per_partition[chosen][chosen.index(g)] for g in in_order]
+    words, partition = min((b, p) for p, b, _ in candidates)
+    binding = max(per_partition[partition], key=lambda b: b.Q).binding if words > 0 else "none (zero)"
+    return PlanBound(words, tuple(b.Q for b in chosen_bounds), tuple(candidates), binding)

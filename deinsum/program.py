@@ -94,6 +94,7 @@ class Program:
     inputs: str = "global"
     output: str = "all"
     threads: str | None = "auto"
+    layouts: dict | None = None
     last_run: RunReport | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
@@ -118,8 +119,9 @@ class Program:
         if nprocs is None:
             raise DeinsumError("the number of ranks is unknown: pass nprocs")
         dtype = as_dtype(dtype if dtype is not None else self.dtype if self.dtype is not None else np.float64)
+        pins = tuple(sorted((self.layouts or {}).items(), key=lambda kv: kv[0]))
         return _plan(self.equation, shapes, int(nprocs), dtype, self.memory, inputs or self.inputs,
-                     output or self.output)
+                     output or self.output, pins)
 
     def analysis(self, nprocs: int | None = None):
         """SOAP bounds and fusion: symbolic without shapes, numeric and parallel with them."""
@@ -157,9 +159,11 @@ class Program:
         tmp.replace(path)
         return path
 
-    def input_blocks(self, rank: int, nprocs: int, dtype=None) -> list[tuple[slice, ...] | None]:
-        """The slice of each operand that ``rank`` must pass with ``inputs='local'``."""
-        plan = self.plan(nprocs=nprocs, dtype=dtype, inputs="local")
+    def input_blocks(self, rank: int, nprocs: int, dtype=None, output: str | None = None
+                     ) -> list[tuple[slice, ...] | None]:
+        """The slice of each operand that ``rank`` must pass with ``inputs='local'`` (the planner chooses the
+        layouts together with the grids, so they depend on ``output`` and any pinned ``layouts``)."""
+        plan = self.plan(nprocs=nprocs, dtype=dtype, inputs="local", output=output)
         return [layout.block(rank) for layout in plan.entry]
 
     # ---- running -----------------------------------------------------------------------------------
@@ -173,6 +177,10 @@ class Program:
             raise DeinsumError(f"{self.equation!r} takes {nops} operands, got {len(arrays)}")
         shapes, dtype = self._shapes_and_dtype(arrays, comm, inputs)
         plan = self.plan(shapes, comm.size, dtype, inputs, output)
+        if plan.memory != comm.allreduce(plan.memory, op=MPI.MIN):  # ranks measured different free memory
+            plan = _plan(self.equation, tuple(map(tuple, shapes)), comm.size, dtype,
+                         comm.allreduce(plan.memory, op=MPI.MIN), inputs, output,
+                         tuple(sorted((self.layouts or {}).items())))
         holds = inputs == "global" or inputs == "local" or comm.rank == 0
         operands = [np.asarray(a, dtype=dtype) if holds else None for a in arrays]
         if inputs == "local":
@@ -209,5 +217,5 @@ class Program:
 
 
 @lru_cache(maxsize=128)
-def _plan(equation, shapes, nprocs, dtype, memory, inputs, output) -> Plan:
-    return build_plan(decompose(equation, *shapes), nprocs, dtype, memory, inputs, output)
+def _plan(equation, shapes, nprocs, dtype, memory, inputs, output, pins=()) -> Plan:
+    return build_plan(decompose(equation, *shapes), nprocs, dtype, memory, inputs, output, dict(pins))

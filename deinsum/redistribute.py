@@ -1,7 +1,7 @@
 """Plans for moving a tensor between layouts: who sends which subarray to whom.
 
 Pure planning (no MPI). A :class:`Redistribution` is built once from a source
-and a destination :class:`~deinsum.grids.Layout` and reused; its
+and a destination :class:`~deinsum.layout.Layout` and reused; its
 :meth:`~Redistribution.table` gives each rank plain integer tables that
 :func:`deinsum.codegen.exchange.exchange` executes with one ``Alltoallw`` per
 phase.
@@ -17,7 +17,6 @@ phase.
   model says the busiest rank receives less from (an allreduce thus costs
   ``2n(R-1)/R`` words per rank instead of ``n(R-1)``).
 
->>> from deinsum.grids import Layout
 >>> plan = plan_redistribution(Layout.even((6, 4), 4), Layout.replicated((6, 4), 4), 4)
 >>> plan.words_received
 (18, 18, 18, 18)
@@ -35,105 +34,131 @@ from typing import Sequence
 import numpy as np
 
 from deinsum.errors import DeinsumError
-from deinsum.grids import Layout, balanced_split, block_bounds
+from deinsum.layout import Layout, balanced_split, block_range, nested_bounds
 
-__all__ = ["Redistribution", "plan_redistribution", "received_words"]
+__all__ = ["Redistribution", "plan_redistribution", "received_words", "via_scatter", "sample_ranks", "scatter_split"]
 
 
 @dataclass(frozen=True, eq=False)
 class _Holdings:
-    """Who holds what: the tensor cut into a product of per-axis intervals ("cells").
+    """Who holds what at ``ranks``: the tensor cut into a product of per-axis intervals ("cells").
 
-    Rank ``r`` (if ``held[r]``) holds cell ``cell[r]`` of summand ``summand[r]``
-    (of ``n_summands`` partial sums); several ranks may hold the same one.
+    Rank ``ranks[k]`` (if ``held[k]``) holds cell ``cell[k]`` (indices into ``bounds``), the box
+    ``lo[k]:hi[k]``, of summand ``summand[k]`` (of ``n_summands`` partial sums); several ranks may
+    hold the same one.
     """
 
     bounds: tuple[tuple[int, ...], ...]
     cell: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
     summand: np.ndarray
     held: np.ndarray
     n_summands: int
 
-    @cached_property
-    def _boxes(self) -> tuple[np.ndarray, np.ndarray]:
-        lo = np.zeros(self.cell.shape[::-1], dtype=np.int64).T
-        hi = np.zeros(self.cell.shape[::-1], dtype=np.int64).T
-        for x, bounds in enumerate(self.bounds):
-            b = np.asarray(bounds, dtype=np.int64)
-            lo[:, x] = b[self.cell[:, x]] * self.held
-            hi[:, x] = b[self.cell[:, x] + 1] * self.held
-        return lo, hi
-
-    def boxes(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(lo, hi)`` per rank and axis; zero-size for ranks holding nothing."""
-        return self._boxes
-
     def sizes(self) -> np.ndarray:
         """Words each rank holds (0 for ranks holding nothing)."""
-        lo, hi = self._boxes
-        return np.prod(hi - lo, axis=1) * self.held
+        return np.prod(self.hi - self.lo, axis=1) * self.held
 
 
-@lru_cache(maxsize=16)
-def _holdings(layout: Layout, nprocs: int) -> _Holdings:
-    """Holdings of ``layout``: one cell per block, one summand per partial sum."""
-    bounds = tuple((0, n) if g is None else block_bounds(n, layout.grid[g]) for n, g in zip(layout.shape, layout.axes))
-    return _Holdings(bounds, layout.block_index(nprocs), layout.summand_index(nprocs),
-                     np.arange(nprocs) < layout.nranks, layout.n_summands)
+def _holdings(layout: Layout, ranks: np.ndarray) -> _Holdings:
+    """Holdings of ``layout`` at ``ranks``: one cell per block, one summand per partial sum."""
+    bounds = tuple(layout.axis_bounds(x) for x in range(len(layout.shape)))
+    lo, hi = layout.boxes_of(ranks)
+    return _Holdings(bounds, layout.block_index(ranks), lo, hi, layout.summand_index(ranks),
+                     ranks < layout.nranks, layout.n_summands)
 
 
-@lru_cache(maxsize=8)
-def _scattered(layout: Layout, nprocs: int) -> _Holdings:
+def scatter_split(layout: Layout) -> tuple[int, ...]:
+    """How a reduce-scatter of partial ``layout`` cuts every block: :func:`balanced_split` of the
+    number of summands over the largest block (C order of the summand index).
+
+    >>> scatter_split(Layout((8, 6), grid=(2, 4), axes=(None, 1), partial=(0,)))   # blocks 8 x 2, two summands
+    (2, 1)
+    """
+    largest = tuple(max(b[j + 1] - b[j] for j in range(len(b) - 1)) for b in
+                    (layout.axis_bounds(x) for x in range(len(layout.shape))))
+    return balanced_split(largest, layout.n_summands)
+
+
+def _scattered(layout: Layout, ranks: np.ndarray) -> _Holdings:
     """Holdings after a reduce-scatter of partial ``layout`` inside each group of summands.
 
-    Every block is cut by the same :func:`~deinsum.grids.balanced_split` of the
-    number of summands (chosen for the largest block); the rank holding
-    summand ``k`` keeps the fully summed sub-block ``k`` (C order).
+    Every block is cut nested by :func:`scatter_split`; the rank holding summand
+    ``k`` keeps the fully summed sub-block ``k`` (C order).
     """
-    base = _holdings(layout, nprocs)
-    largest = tuple(max(b[j + 1] - b[j] for j in range(len(b) - 1)) for b in base.bounds)
-    split = balanced_split(largest, base.n_summands)
-    bounds = tuple(tuple(b[j] + o for j in range(len(b) - 1) for o in block_bounds(b[j + 1] - b[j], parts)[:-1])
-                   + (b[-1],) for b, parts in zip(base.bounds, split))
-    sub = np.stack(np.unravel_index(base.summand, split), axis=1)
-    return _Holdings(bounds, base.cell * np.array(split) + sub, np.zeros_like(base.summand), base.held, 1)
+    base = _holdings(layout, ranks)
+    split = scatter_split(layout)
+    bounds = tuple(nested_bounds(n, layout.axis_parts(x) + (p,)) for x, (n, p) in enumerate(zip(layout.shape, split)))
+    sub = np.stack(np.unravel_index(base.summand, split), axis=1) if split else np.zeros((ranks.size, 0), np.int64)
+    lo, hi = base.lo.copy(), base.hi.copy()
+    for x, p in enumerate(split):
+        start, stop = block_range(base.hi[:, x] - base.lo[:, x], p, sub[:, x])
+        lo[:, x], hi[:, x] = (base.lo[:, x] + start) * base.held, (base.lo[:, x] + stop) * base.held
+    return _Holdings(bounds, base.cell * np.array(split, dtype=np.int64) + sub, lo, hi,
+                     np.zeros_like(base.summand), base.held, 1)
 
 
 def _direct_words(src: _Holdings, dst: _Holdings) -> np.ndarray:
     """Words each rank receives when every destination block is assembled directly from ``src``."""
-    src_lo, src_hi = src.boxes()
-    dst_lo, dst_hi = dst.boxes()
-    overlap = np.prod(np.clip(np.minimum(src_hi, dst_hi) - np.maximum(src_lo, dst_lo), 0, None), axis=1)
+    overlap = np.prod(np.clip(np.minimum(src.hi, dst.hi) - np.maximum(src.lo, dst.lo), 0, None), axis=1)
     return dst.sizes() * src.n_summands - overlap * (src.held & dst.held)
 
 
-def _phases(src: Layout, dst: Layout, nprocs: int) -> tuple[tuple[tuple[_Holdings, _Holdings], ...], np.ndarray]:
-    """The cheaper plan (phases as (from, to) holdings) and the words each rank receives in it."""
+def _check_pair(src: Layout, dst: Layout, nprocs: int) -> None:
     if src.shape != dst.shape:
         raise DeinsumError(f"redistribution between shapes {src.shape} and {dst.shape}")
     if dst.partial:
         raise DeinsumError(f"destination layout {dst} is partial: redistribution always sums partial sources")
     if max(src.nranks, dst.nranks) > nprocs:
         raise DeinsumError(f"layouts on grids {src.grid} and {dst.grid} do not fit {nprocs} ranks")
-    start, end = _holdings(src, nprocs), _holdings(dst, nprocs)
+
+
+def via_scatter(src: Layout, dst: Layout, nprocs: int) -> bool:
+    """Whether moving partial ``src`` to ``dst`` goes through a reduce-scatter inside each group of
+    summands first: when that makes the busiest rank (then all ranks together) receive less.
+
+    Decided at the rank that holds the largest block (rank 0) and in total over sample ranks, so that
+    every rank, and the model at any subset of ranks, takes the same decision.
+    """
+    if src.n_summands == 1 or not src.shape:
+        return False
+    ranks = sample_ranks(nprocs)
+    start, end, middle = _holdings(src, ranks), _holdings(dst, ranks), _scattered(src, ranks)
     words = _direct_words(start, end)
-    if start.n_summands > 1 and src.shape:
-        middle = _scattered(src, nprocs)
-        via = _direct_words(start, middle) + _direct_words(middle, end)
-        if (via.max(), via.sum()) < (words.max(), words.sum()):
-            return ((start, middle), (middle, end)), via
-    return ((start, end),), words
+    via = _direct_words(start, middle) + _direct_words(middle, end)
+    return bool((via.max(), via.sum()) < (words.max(), words.sum()))
 
 
-def received_words(src: Layout, dst: Layout, nprocs: int) -> np.ndarray:
-    """Modeled words each of ``nprocs`` ranks receives in :func:`plan_redistribution` ``(src, dst)``, vectorised.
+def received_words(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray | None = None) -> np.ndarray:
+    """Modeled words each rank receives in :func:`plan_redistribution` ``(src, dst)``; vectorised.
 
-    >>> from deinsum.grids import Layout
+    ``ranks`` (default: all ``nprocs``) picks the ranks to model: the grid search
+    scores candidates at a sample of ranks with this same function.
+
     >>> partial = Layout((8,), grid=(1, 4), axes=(0,), partial=(1,))
     >>> received_words(partial, Layout((8,), grid=(1, 4), axes=(0,)), 4).tolist()   # allreduce: 2n(R-1)/R
     [12, 12, 12, 12]
     """
-    return _phases(src, dst, nprocs)[1].copy()
+    _check_pair(src, dst, nprocs)
+    ranks = np.arange(nprocs) if ranks is None else np.asarray(ranks, dtype=np.int64)
+    start, end = _holdings(src, ranks), _holdings(dst, ranks)
+    if via_scatter(src, dst, nprocs):
+        middle = _scattered(src, ranks)
+        return _direct_words(start, middle) + _direct_words(middle, end)
+    return _direct_words(start, end)
+
+
+def sample_ranks(nprocs: int, count: int = 64) -> np.ndarray:
+    """All ranks up to ``count``, else rank 0, the last rank and ranks spread by the golden ratio.
+
+    >>> sample_ranks(5).tolist()
+    [0, 1, 2, 3, 4]
+    """
+    if nprocs <= count:
+        return np.arange(nprocs)
+    golden = (np.arange(count - 1) * 0.6180339887498949) % 1.0
+    return np.unique(np.concatenate([(golden * nprocs).astype(np.int64), [nprocs - 1]]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,14 +220,21 @@ class Redistribution:
 def plan_redistribution(src: Layout, dst: Layout, nprocs: int) -> Redistribution:
     """Plan moving a tensor from ``src`` to ``dst`` (summing ``src``'s partial sums) on ``nprocs`` ranks.
 
-    >>> from deinsum.grids import Layout
-    >>> plan = plan_redistribution(Layout.on_root((5,), 2), Layout.even((5,), 2), 2)
+        >>> plan = plan_redistribution(Layout.on_root((5,), 2), Layout.even((5,), 2), 2)
     >>> plan.words_sent, plan.words_received
     ((2, 0), (0, 2))
     >>> plan.table(1)   # rank 1: holds nothing yet, receives 2 words from rank 0 into its (2,) block
     ((0, (), 1, (2,), (), ((0, (0,), (2,), 0),), ()),)
     """
-    phases, modeled = _phases(src, dst, nprocs)
+    _check_pair(src, dst, nprocs)
+    ranks = np.arange(nprocs)
+    start, end = _holdings(src, ranks), _holdings(dst, ranks)
+    if via_scatter(src, dst, nprocs):
+        middle = _scattered(src, ranks)
+        phases = ((start, middle), (middle, end))
+        modeled = _direct_words(start, middle) + _direct_words(middle, end)
+    else:
+        phases, modeled = ((start, end),), _direct_words(start, end)
     sent = np.zeros(nprocs, dtype=np.int64)
     received = np.zeros(nprocs, dtype=np.int64)
     per_phase = [_plan_phase(start, end, sent, received) for start, end in phases]
@@ -247,8 +279,7 @@ def _plan_phase(src: _Holdings, dst: _Holdings, sent: np.ndarray, received: np.n
         holders.setdefault((tuple(src.cell[r].tolist()), int(src.summand[r])), []).append(int(r))
     turns: dict[tuple, int] = {}
     overlaps = [_axis_overlaps(d, s) for d, s in zip(dst.bounds, src.bounds)]
-    src_lo, src_hi = src.boxes()
-    dst_lo, dst_hi = dst.boxes()
+    src_lo, src_hi, dst_lo, dst_hi = src.lo, src.hi, dst.lo, dst.hi
     sends: list[list] = [[] for _ in range(nprocs)]
     recvs: list[list] = [[] for _ in range(nprocs)]
     ops: list[list] = [[] for _ in range(nprocs)]

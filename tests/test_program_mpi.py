@@ -30,7 +30,7 @@ for n, (eq, shapes) in enumerate(cases):
     if inputs == "local" and prog.decomposition.prepass:
         inputs = "global"
     if inputs == "local":
-        blocks = prog.input_blocks(comm.rank, comm.size)
+        blocks = prog.input_blocks(comm.rank, comm.size, output=output)
         args = [a[b] for a, b in zip(arrays, blocks)]
     elif inputs == "root":
         args = arrays if comm.rank == 0 else [None] * len(arrays)

@@ -44,7 +44,7 @@ def simulate(plan, blocks):
 
 def source_blocks(layout, nprocs, x):
     """Rank blocks of ``x`` in ``layout``; partial summand k holds ``(k + 1) * block`` (exact in integers)."""
-    summand = layout.summand_index(nprocs)
+    summand = layout.summand_index(np.arange(nprocs))
     return [None if layout.block(r) is None else x[layout.block(r)] * (summand[r] + 1) for r in range(nprocs)]
 
 

@@ -224,7 +224,9 @@ def test_parallel_bounds_match_closed_forms():
     n, Pv, Sv = 2**12, 64, 2**20
     pb = parallel_bound(MM, dict(i=n, j=n, k=n), Pv, Sv)
     assert rel(pb.XP, 3 * (n**3 / Pv) ** (2 / 3)) < 1e-9
-    assert rel(pb.Q_dep, 2 * n**3 / (Pv * math.sqrt(Sv))) < 1e-9
+    assert pb.Q_dep == max(0.0, 2 * n**3 / (Pv * math.sqrt(Sv)) - 2 * Sv)   # segment argument: - (X0 - S)
+    deep = parallel_bound(MM, dict(i=n, j=n, k=n), Pv, 2**10)
+    assert rel(deep.Q_dep, 2 * n**3 / (Pv * math.sqrt(2**10)) - 2 * 2**10) < 1e-9
     assert rel(pb.Q_indep, pb.XP - 3 * n * n / Pv) < 1e-9   # inputs at the start, result at the end
     assert pb.binding == "memory-independent" and pb.Q == pb.Q_indep
     assert all(rel(pb.tiles[v], 1024) < 1e-9 for v in "ijk")
@@ -252,11 +254,13 @@ def test_fusion_picks_fused_krp_tdot_for_mttkrp():
     assert sized.chosen == ((0, 1),) and sized.candidates[1].Q > sized.Q
 
 
-def test_reductions_end_a_group():
-    assert valid_groups(decompose("ij,jk,kl->il").steps) == [(0,), (1,)]
+def test_partial_sums_flow_into_later_steps_of_a_group():
+    assert valid_groups(decompose("ij,jk,kl->il").steps) == [(0,), (1,), (0, 1)]
     steps = decompose("ijklm,ja,ka,la,ma->ia").steps                   # KRP, TDOT, KRP, batched GEMM
-    assert len(partitions(steps)) == 4
-    assert all((1, 3) not in p for p in partitions(steps))
+    assert len(partitions(steps)) == 8 and ((0, 1, 2, 3),) in partitions(steps)
+    a = analyze(decompose("ijklm,ja,ka,la,ma->ia"))                   # the fused order-5 statement wins
+    assert a.chosen == ((0, 1, 2, 3),) and a.groups[0].statement.equation == "ijklm,ja,ka,la,ma->ia"
+    assert same(a.groups[0].symbolic.rho, S ** sp.Rational(4, 5) / 5)
 
 
 def test_analysis_reports():
@@ -270,7 +274,7 @@ def test_analysis_reports():
     assert data["chosen"] == [[0, 1]] and data["groups"][0]["symbolic"]["X0"] == "5*S/2"
     assert data["groups"][0]["parallel"]["layout"].startswith("inputs evenly")
     sym = analyze(decompose("ijklm,ja,ka,la,ma->ia"), P=4)
-    assert "asymptotic" in str(sym) and "slack" in str(sym)
+    assert "[t0+t1+t2+out]" in str(sym) and "exact" in str(sym)      # one fused statement, closed form
     assert json.loads(json.dumps(sym.to_dict()))["groups"][0]["parallel"]["Q_dep"]
 
 

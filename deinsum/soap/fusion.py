@@ -2,11 +2,15 @@
 
 The SDG has one vertex per tensor (inputs and step results) and an edge from
 every operand to the step result it feeds. A *group* is a connected set of
-binary steps; it becomes one SOAP statement. A group may not read, inside
-itself, an intermediate whose step sums indices (that result needs a complete
-reduction before it is read), so such a step ends its group. Every partition of
-the steps into valid groups is a candidate schedule, scored by the sum of its
-groups' bounds; the minimum is the program's bound.
+binary steps; it becomes one SOAP statement. A step that sums indices may feed
+another step of its group: every einsum step is linear in each operand, so the
+partial sums flow through and are reduced once, at the group's end (deferred
+reduction). Every partition of the steps into groups is a candidate schedule.
+
+Sequentially a schedule costs the sum of its groups' bounds. On P ranks a rank
+pays at least the largest of its groups' per-rank bounds (intermediates free),
+so a schedule's parallel bound is that maximum and the bound that holds for
+every schedule of the decomposition is the minimum over candidates.
 
 >>> from deinsum.decompose import decompose
 >>> a = analyze(decompose("ijk,ja,ka->ia"))
@@ -82,6 +86,13 @@ class Candidate:
     cost: float
 
     @property
+    def parallel_Q(self) -> float | None:
+        """Per-rank bound of this schedule on P ranks: the largest of its groups' (None without P)."""
+        if any(g.parallel is None for g in self.groups):
+            return None
+        return max(g.parallel.Q for g in self.groups)
+
+    @property
     def Q(self):
         """Total sequential bound (float for concrete sizes; SymPy sum, or None where a group has none)."""
         parts = [g.Q for g in self.groups]
@@ -119,6 +130,13 @@ class Analysis:
     def layout(self) -> str:
         return LAYOUT
 
+    @property
+    def lower_bound(self) -> float | None:
+        """Words per rank that every schedule of the decomposition receives at least on P ranks
+        (the smallest candidate's parallel bound; None without sizes and P)."""
+        bounds = [c.parallel_Q for c in self.candidates]
+        return None if not bounds or None in bounds else min(bounds)
+
     def __str__(self) -> str:
         from .report import text
         return text(self)
@@ -138,19 +156,19 @@ def sdg(steps: Sequence) -> tuple[tuple[str, str], ...]:
 
 
 def valid_groups(steps: Sequence) -> list[tuple[int, ...]]:
-    """Connected sets of steps in which no step reads a result that still needs a reduction.
+    """Connected sets of steps (partial sums may flow into a later step of the set).
 
     >>> from deinsum.decompose import decompose
     >>> valid_groups(decompose("ijk,ja,ka->ia").steps)
     [(0,), (1,), (0, 1)]
     >>> valid_groups(decompose("ij,jk,kl->il").steps)
-    [(0,), (1,)]
+    [(0,), (1,), (0, 1)]
     """
     producer = {s.name: k for k, s in enumerate(steps)}
-    fusible = {k: set() for k in range(len(steps))}          # SDG edges between steps, minus reductions
+    fusible = {k: set() for k in range(len(steps))}          # SDG edges between steps
     for k, s in enumerate(steps):
         for o in s.operands:
-            if o in producer and not steps[producer[o]].summed:
+            if o in producer:
                 fusible[k].add(producer[o])
                 fusible[producer[o]].add(k)
     found: set[frozenset] = set()
@@ -224,10 +242,12 @@ def analyze(decomposition, S: float | None = None, P: int | None = None) -> Anal
     cands = sorted((Candidate(p, tuple(groups[g] for g in p), sum(groups[g].cost for g in p))
                     for p in partitions(steps)), key=lambda c: (c.cost, len(c.partition), c.partition))
     if P is not None and sizes is not None:
-        best = cands[0]
-        par = tuple(replace(g, parallel=parallel_bound(g.statement, sizes, P, S)) for g in best.groups)
-        cands[0] = replace(best, groups=par)
-    if sizes is None:
+        bounded = {g: replace(b, parallel=parallel_bound(b.statement, sizes, P, S)) for g, b in groups.items()}
+        cands = sorted((replace(c, groups=tuple(bounded[g] for g in c.partition)) for c in cands),
+                       key=lambda c: (c.parallel_Q, c.cost, len(c.partition), c.partition))
+        ranking = (f"ranked by the per-rank parallel bound at P = {P} (the largest of the groups'), "
+                   f"then the sequential bound at S = {S:g}")
+    elif sizes is None:
         s_text = f"S = {S:g}" if S is not None else f"S = {REFERENCE_S}"
         ranking = f"symbolic sizes: ranked at N_v = {REFERENCE_N} for every index, {s_text}"
     else:

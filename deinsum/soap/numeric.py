@@ -182,7 +182,7 @@ def problem(statement: Statement, sizes: Mapping[str, int] | None) -> Problem:
     return _problem(statement.terms, key)
 
 
-def split_tile(statement: Statement, pb: Problem, y: np.ndarray, sizes: Mapping[str, int] | None) -> dict[str, float]:
+def split_tile(variables: str, pb: Problem, y: np.ndarray, sizes: Mapping[str, int] | None) -> dict[str, float]:
     """Per-variable tiles from class tiles: equal shares in log space, capped at each size."""
     out = {}
     for cls, yc in zip(pb.st.classes, y):
@@ -194,7 +194,7 @@ def split_tile(statement: Statement, pb: Problem, y: np.ndarray, sizes: Mapping[
                 share = min(share, math.log(sizes[v]))
             out[v] = math.exp(share)
             left -= share
-    return {v: out[v] for v in statement.variables}
+    return {v: out[v] for v in variables if v in out}
 
 
 @dataclass(frozen=True)
@@ -240,7 +240,7 @@ def numeric_bound(statement: Statement, sizes: Mapping[str, int], S: float) -> N
                             {v: float(n) for v, n in sizes.items()}, ())
     pb = problem(statement, sizes)
     log_rho, X0, y = pb.rho(S)
-    tiles = split_tile(statement, pb, y, sizes)
+    tiles = split_tile(statement.variables, pb, y, sizes)
     V = statement.iteration_space(sizes)
     rho = math.exp(log_rho) if math.isfinite(log_rho) else math.inf
     return NumericBound(statement, sizes, float(S), V, math.exp(float(y.sum())), X0, rho, V / rho, tiles,
@@ -257,7 +257,7 @@ def numeric_chi(statement: Statement, sizes: Mapping[str, int] | None, X: float)
     """
     pb = problem(statement, sizes)
     log_chi, y = pb.chi(float(X))
-    return (math.exp(log_chi) if log_chi > -math.inf else 0.0), split_tile(statement, pb, y, sizes)
+    return (math.exp(log_chi) if log_chi > -math.inf else 0.0), split_tile(statement.variables, pb, y, sizes)
 
 
 def check_positive(name: str, value) -> float:

@@ -1,6 +1,7 @@
 """Parallel SOAP bounds for P ranks with S words of local memory each (soap.md section 5).
 
-* memory-dependent: every rank moves at least ``|V| / (P rho(S))`` words;
+* memory-dependent (segment argument): every rank moves at least
+  ``|V| / (P rho(S)) - (X0 - S)`` words (``rho``, ``X0`` of the interior SOAP solution);
 * memory-independent: a rank performing ``|V|/P`` iterations touches at least
   ``X_P`` words, ``chi(X_P) = |V|/P``, and moves (receives or sends) at least
   ``X_P - owned``, where ``owned`` is its share of the inputs at the start and
@@ -68,16 +69,33 @@ def check_ranks(P) -> int:
     return P
 
 
-def parallel_bound(statement: Statement, sizes: Mapping[str, int], P: int, S: float) -> ParallelBound:
-    """Memory-dependent and memory-independent per-rank bounds, and the per-rank tile."""
+def parallel_bound(statement: Statement, sizes: Mapping[str, int], P: int, S: float,
+                   owned: Mapping[str, float] | None = None) -> ParallelBound:
+    """Memory-dependent and memory-independent per-rank bounds of one statement, and the per-rank tile.
+
+    A rank performing ``|V|/P`` iterations touches at least ``X_P`` words of the
+    terms and receives at least ``X_P - owned``. Intermediates read from other
+    groups count as terms: deinsum computes every iteration once, so another
+    group leaves them spread over the ranks, not replicated. ``owned``: the most
+    words of each term (by tensor name) one rank holds at the start or keeps at
+    the end; default ``ceil(|T| / P)``, an even layout without replication.
+    """
     P = check_ranks(P)
     sizes = check_sizes(statement, sizes)
     seq = numeric_bound(statement, sizes, S)
-    owned = sum(statement.term_size(t, sizes) for t in statement.terms) / P
+    names = statement.names or tuple(f"term{k}" for k in range(len(statement.terms)))
+    share = [min(float((owned or {}).get(n, math.ceil(statement.term_size(t, sizes) / P))),
+                 statement.term_size(t, sizes)) for n, t in zip(names, statement.terms)]
+    own = float(sum(share))
     if is_trivial(statement, sizes):
-        return ParallelBound(statement, sizes, P, seq.S, 0.0, 0.0, 0.0, owned, dict(seq.tiles), ())
+        return ParallelBound(statement, sizes, P, seq.S, 0.0, 0.0, 0.0, own, dict(seq.tiles), ())
     pb = problem(statement, sizes)
     XP, y = pb.tile_for(math.log(seq.V / P))
-    tiles = split_tile(statement, pb, y, sizes)
-    return ParallelBound(statement, sizes, P, seq.S, seq.Q / P, max(XP - owned, 0.0), XP, owned, tiles,
+    Q_dep = 0.0
+    if S >= pb.unit + pb.m0:               # segment argument: |V| / (P rho(S)) - (X0 - S), at least 0
+        log_rho, X0, _ = pb.rho(S)
+        if math.isfinite(log_rho):
+            Q_dep = max(0.0, math.exp(pb.log_volume - log_rho) / P - (X0 - S))
+    tiles = split_tile(statement.variables, pb, y, sizes)
+    return ParallelBound(statement, sizes, P, seq.S, Q_dep, max(XP - own, 0.0), XP, own, tiles,
                          clamped(tiles, sizes))

@@ -1,0 +1,457 @@
+"""Layouts: who holds which block of a tensor on a Cartesian process grid, and block arithmetic.
+
+Pure value objects (no MPI). The vocabulary follows JAX's ``PartitionSpec``:
+``axes[x]`` names the grid dimension(s) that split tensor axis ``x``. Several
+grid dimensions split one axis *nested* (major first): the axis is cut into
+balanced blocks by the first, each block again by the next, and so on.
+
+* :func:`block_bounds`, :func:`block_range` - balanced uneven blocks (``q, r = divmod(n, p)``).
+* :func:`nested_bounds` - every boundary of a nested split.
+* :func:`balanced_split` - the factorisation of a part count over a block's axes.
+* :class:`Layout` - a tensor block-distributed over a grid, possibly replicated or
+  holding partial sums.
+
+>>> a = Layout((10, 4), grid=(2, 3), axes=((0, 1), None))   # rows cut in 2, each half in 3
+>>> [a.block(r)[0] for r in range(3)]
+[slice(0, 2, None), slice(2, 4, None), slice(4, 5, None)]
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Sequence
+
+import numpy as np
+
+from deinsum.errors import DeinsumError
+
+__all__ = ["block_bounds", "block_range", "nested_bounds", "balanced_split", "factorisations", "Layout",
+           "check_count"]
+
+
+def check_count(value: Any, what: str, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``, or a one-line DeinsumError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise DeinsumError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def block_bounds(n: int, p: int) -> tuple[int, ...]:
+    """Offsets of ``p`` balanced blocks of ``range(n)``; the first ``n % p`` blocks get one more.
+
+    >>> block_bounds(10, 4)
+    (0, 3, 6, 8, 10)
+    >>> block_bounds(2, 3)   # more blocks than elements: the last one is empty
+    (0, 1, 2, 2)
+    """
+    check_count(n, "block_bounds: n", minimum=0)
+    check_count(p, "block_bounds: p", minimum=1)
+    starts, _ = block_range(n, p, np.arange(p))
+    return (*starts.tolist(), n)
+
+
+def block_range(n, p, j):
+    """``(start, stop)`` of block ``j`` of :func:`block_bounds` ``(n, p)``; numpy-vectorised over all arguments.
+
+    >>> [int(v) for v in block_range(10, 4, 3)]
+    [8, 10]
+    """
+    q, r = np.divmod(n, p)
+    start = j * q + np.minimum(j, r)
+    return start, start + q + (j < r)
+
+
+def nested_range(n: int, parts: Sequence[int], coords: Sequence) -> tuple:
+    """``(start, stop)`` of the block at ``coords`` (one per level) of a nested balanced split; vectorised.
+
+    >>> [int(v) for v in nested_range(10, (2, 3), (1, 2))]
+    [9, 10]
+    """
+    start, stop = np.asarray(0), np.asarray(n)
+    for p, c in zip(parts, coords):
+        lo, hi = block_range(stop - start, p, c)
+        start, stop = start + lo, start + hi
+    return start, stop
+
+
+@lru_cache(maxsize=4096)
+def nested_bounds(n: int, parts: tuple[int, ...]) -> tuple[int, ...]:
+    """All ``prod(parts) + 1`` boundaries of a nested split (block ``k`` = mixed-radix coords).
+
+    >>> nested_bounds(10, (2, 3)), nested_bounds(10, (4,)) == block_bounds(10, 4)
+    ((0, 2, 4, 5, 7, 9, 10), True)
+    """
+    count = math.prod(parts)
+    coords = np.unravel_index(np.arange(count), parts) if parts else ()
+    starts, _ = nested_range(n, parts, coords)
+    return (*np.broadcast_to(starts, (count,)).tolist(), n)
+
+
+def balanced_split(shape: Sequence[int], parts: int) -> tuple[int, ...]:
+    """The factorisation of ``parts`` over the axes of ``shape`` with the smallest largest block.
+
+    Ties go to the larger smallest block, then to the most cube-like block
+    (least sum of extents), then to splitting leading axes more.
+
+    >>> balanced_split((5, 10), 4), balanced_split((3, 4), 7)
+    ((2, 2), (1, 7))
+    """
+    return _balanced_split(tuple(int(n) for n in shape), int(parts))
+
+
+@lru_cache(maxsize=4096)
+def _balanced_split(shape: tuple[int, ...], parts: int) -> tuple[int, ...]:
+    rows = factorisations(parts, len(shape))
+    if rows.shape[0] == 0:
+        raise DeinsumError(f"cannot split a 0-d tensor into {parts} parts")
+    n = np.array(shape, dtype=np.int64)
+    extents = -(-n // rows)
+    largest = np.prod(extents, axis=1)
+    smallest = np.prod(n // rows, axis=1)
+    order = np.lexsort(tuple(-rows[:, x] for x in reversed(range(len(shape))))
+                       + (extents.sum(axis=1), -smallest, largest))
+    return tuple(int(p) for p in rows[order[0]])
+
+
+# ----------------------------------------------------------------------------- ordered factorisations
+
+def ordered_factorisations(n: int, caps: Sequence[int]) -> np.ndarray:
+    """Every ``(f_0, ..., f_{k-1})`` with product ``n`` and ``f_v <= caps[v]``, as rows of an int64 array.
+
+    Built per prime factor (bounded compositions of its exponent), so primes
+    and prime powers are as cheap as smooth numbers.
+
+    >>> sorted(map(tuple, ordered_factorisations(12, (4, 3)).tolist()))
+    [(4, 3)]
+    >>> ordered_factorisations(7, (3, 3)).shape, ordered_factorisations(3, ()).shape
+    ((0, 2), (0, 0))
+    """
+    caps = np.array(caps, dtype=np.int64)
+    if caps.size == 0:  # a grid over no index has one rank
+        return np.ones((int(n == 1), 0), dtype=np.int64)
+    rows = np.ones((1, caps.size), dtype=np.int64)
+    for prime, exponent in sorted(prime_factors(n).items(), reverse=True):
+        most = [max_power(prime, int(c)) for c in caps]
+        factors = prime ** _bounded_compositions(exponent, most)
+        rows = (rows[:, None, :] * factors[None, :, :]).reshape(-1, caps.size)
+        rows = rows[(rows <= caps).all(axis=1)]
+    return rows
+
+
+@lru_cache(maxsize=256)
+def factorisations(n: int, k: int) -> np.ndarray:
+    """:func:`ordered_factorisations` of ``n`` over ``k`` factors without caps (cached, read-only)."""
+    rows = ordered_factorisations(n, (n,) * k)
+    rows.flags.writeable = False
+    return rows
+
+
+def prime_factors(n: int) -> dict[int, int]:
+    """``{prime: exponent}`` of ``n``.
+
+    >>> prime_factors(360)
+    {2: 3, 3: 2, 5: 1}
+    """
+    factors: dict[int, int] = {}
+    d = 2
+    while d * d <= n:
+        while n % d == 0:
+            factors[d] = factors.get(d, 0) + 1
+            n //= d
+        d += 1
+    if n > 1:
+        factors[n] = factors.get(n, 0) + 1
+    return factors
+
+
+def max_power(prime: int, cap: int) -> int:
+    """The largest ``e`` with ``prime ** e <= cap``."""
+    power = 0
+    while prime ** (power + 1) <= cap:
+        power += 1
+    return power
+
+
+def _bounded_compositions(total: int, most: Sequence[int]) -> np.ndarray:
+    """Rows ``c`` with ``sum(c) == total`` and ``0 <= c[v] <= most[v]``."""
+    k = len(most)
+    if k == 0:
+        return np.zeros((1 if total == 0 else 0, 0), dtype=np.int64)
+    room_after = np.concatenate([np.cumsum(most[::-1])[::-1], [0]])
+    rows = np.zeros((1, 0), dtype=np.int64)
+    sums = np.zeros(1, dtype=np.int64)
+    for v in range(k - 1):
+        values = np.arange(most[v] + 1, dtype=np.int64)
+        new = sums[:, None] + values[None, :]
+        keep_row, keep_value = np.nonzero((new <= total) & (new + room_after[v + 1] >= total))
+        rows = np.column_stack([rows[keep_row], values[keep_value]])
+        sums = new[keep_row, keep_value]
+    last = total - sums
+    fits = (last >= 0) & (last <= most[-1])
+    return np.column_stack([rows[fits], last[fits]])
+
+
+# ----------------------------------------------------------------------------- layouts
+
+def _axis_dims(spec) -> tuple[int, ...]:
+    """The grid dimensions of one ``axes`` entry as a tuple (None -> ``()``)."""
+    if spec is None:
+        return ()
+    return tuple(spec) if isinstance(spec, tuple) else (spec,)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A tensor of ``shape`` block-distributed over the process grid ``grid``.
+
+    ``axes[x]`` is the grid dimension that splits tensor axis ``x`` into
+    :func:`block_bounds` blocks, a tuple of grid dimensions that split it
+    nested (major first), or ``None`` (not split). ``partial`` lists grid
+    dimensions over which the local blocks are partial sums still to be added.
+    Blocks are replicated over the remaining grid dimensions. Rank ``r`` has the
+    C-order coordinates of ``r`` in ``grid`` (``comm.Create_cart(grid,
+    reorder=False)``); ranks ``>= prod(grid)`` hold nothing. An empty block is a
+    valid block.
+
+    >>> a = Layout((5, 7), grid=(2, 3), axes=(0, None))   # rows split, replicated 3 times
+    >>> a.block(4), a.local_shape(4)
+    ((slice(3, 5, None), slice(0, 7, None)), (2, 7))
+    >>> print(a.block(6))
+    None
+    """
+
+    shape: tuple[int, ...]
+    grid: tuple[int, ...]
+    axes: tuple[int | tuple[int, ...] | None, ...]
+    partial: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        shape = tuple(check_count(n, "layout shape", minimum=0) for n in self.shape)
+        grid = tuple(check_count(g, "layout grid", minimum=1) for g in self.grid)
+        axes = []
+        for spec in self.axes:
+            dims = tuple(check_count(g, "layout axes", minimum=0) for g in _axis_dims(spec))
+            axes.append(None if not dims else dims[0] if len(dims) == 1 else dims)
+        partial = tuple(check_count(g, "layout partial", minimum=0) for g in self.partial)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "grid", grid)
+        object.__setattr__(self, "axes", tuple(axes))
+        object.__setattr__(self, "partial", partial)
+        if len(axes) != len(shape):
+            raise DeinsumError(f"layout of shape {shape}: {len(axes)} axes given, expected {len(shape)}")
+        split = [g for spec in axes for g in _axis_dims(spec)]
+        for g in split + list(partial):
+            if g >= len(grid):
+                raise DeinsumError(f"layout on grid {grid}: grid dimension {g} does not exist")
+        if len(set(split)) != len(split):
+            raise DeinsumError(f"layout axes {tuple(axes)}: one grid dimension splits two tensor axes")
+        if len(set(partial)) != len(partial) or set(partial) & set(split):
+            raise DeinsumError(f"layout partial {partial}: repeated or also splitting an axis {tuple(axes)}")
+
+    @property
+    def nranks(self) -> int:
+        """Ranks that hold a block: ``prod(grid)``."""
+        return math.prod(self.grid)
+
+    def axis_dims(self, x: int) -> tuple[int, ...]:
+        """Grid dimensions splitting tensor axis ``x`` (major first; ``()`` if unsplit)."""
+        return _axis_dims(self.axes[x])
+
+    def axis_parts(self, x: int) -> tuple[int, ...]:
+        """Number of parts per nesting level of tensor axis ``x``."""
+        return tuple(self.grid[g] for g in self.axis_dims(x))
+
+    def axis_bounds(self, x: int) -> tuple[int, ...]:
+        """Every block boundary along tensor axis ``x``."""
+        return nested_bounds(self.shape[x], self.axis_parts(x))
+
+    @property
+    def split_dims(self) -> tuple[int, ...]:
+        """Grid dimensions that split some tensor axis."""
+        return tuple(g for x in range(len(self.shape)) for g in self.axis_dims(x))
+
+    @property
+    def replicated_dims(self) -> tuple[int, ...]:
+        """Grid dimensions over which blocks are identical copies."""
+        busy = set(self.split_dims) | set(self.partial)
+        return tuple(g for g in range(len(self.grid)) if g not in busy)
+
+    @property
+    def n_summands(self) -> int:
+        """Number of partial sums that add up to the tensor (1 if not partial)."""
+        return math.prod(self.grid[g] for g in self.partial)
+
+    def coords(self, rank: int) -> tuple[int, ...] | None:
+        """Grid coordinates of ``rank`` (C order), or None if it holds nothing."""
+        check_count(rank, "rank", minimum=0)
+        if rank >= self.nranks:
+            return None
+        return tuple(int(c) for c in np.unravel_index(rank, self.grid)) if self.grid else ()
+
+    def block(self, rank: int) -> tuple[slice, ...] | None:
+        """Global index ranges of the block ``rank`` holds, or None if it holds nothing."""
+        if self.coords(rank) is None:
+            return None
+        lo, hi = self.boxes_of(np.array([rank]))
+        return tuple(slice(int(a), int(b)) for a, b in zip(lo[0], hi[0]))
+
+    def local_shape(self, rank: int) -> tuple[int, ...] | None:
+        """Shape of the block ``rank`` holds, or None if it holds nothing."""
+        block = self.block(rank)
+        return None if block is None else tuple(s.stop - s.start for s in block)
+
+    def boxes(self, nprocs: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(lo, hi)``: arrays ``(nprocs, ndim)`` of every rank's block; ranks holding nothing get empty boxes.
+
+        >>> lo, hi = Layout((5,), grid=(2,), axes=(0,)).boxes(3)
+        >>> lo.ravel().tolist(), hi.ravel().tolist()
+        ([0, 3, 0], [3, 5, 0])
+        """
+        if self.nranks > nprocs:
+            raise DeinsumError(f"layout on grid {self.grid} needs {self.nranks} ranks, only {nprocs} given")
+        return _layout_boxes(self, nprocs)
+
+    def boxes_of(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(lo, hi)`` of the blocks of the given ``ranks`` (empty for ranks holding nothing); vectorised."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        held = ranks < self.nranks
+        coords = grid_coords(self.grid, np.where(held, ranks, 0))
+        lo = np.zeros((ranks.size, len(self.shape)), dtype=np.int64)
+        hi = np.zeros_like(lo)
+        for x, n in enumerate(self.shape):
+            dims = self.axis_dims(x)
+            start, stop = nested_range(n, self.axis_parts(x), [coords[:, g] for g in dims])
+            lo[:, x], hi[:, x] = start * held, stop * held
+        return lo, hi
+
+    def block_index(self, ranks: np.ndarray) -> np.ndarray:
+        """Per rank (rows) and tensor axis, which block of :meth:`axis_bounds` the rank holds (0 if idle).
+
+        >>> Layout((5, 7), grid=(2, 3), axes=(1, None)).block_index(np.arange(7))[:, 0].tolist()
+        [0, 1, 2, 0, 1, 2, 0]
+        """
+        ranks = np.asarray(ranks, dtype=np.int64)
+        held = ranks < self.nranks
+        coords = grid_coords(self.grid, np.where(held, ranks, 0))
+        index = np.zeros((ranks.size, len(self.shape)), dtype=np.int64)
+        for x in range(len(self.shape)):
+            dims = self.axis_dims(x)
+            if dims:
+                index[:, x] = np.ravel_multi_index(tuple(coords[:, g] for g in dims), self.axis_parts(x)) * held
+        return index
+
+    def summand_index(self, ranks: np.ndarray) -> np.ndarray:
+        """Per rank, which of the partial sums it holds: C-order rank of its coordinates over ``partial``."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        held = ranks < self.nranks
+        if not self.partial:
+            return np.zeros(ranks.size, dtype=np.int64)
+        coords = grid_coords(self.grid, np.where(held, ranks, 0))
+        dims = sorted(self.partial)
+        return np.ravel_multi_index(tuple(coords[:, dims].T), [self.grid[g] for g in dims]) * held
+
+    def largest_block(self) -> int:
+        """Words in the largest block (the block of rank 0 under balanced splits)."""
+        return math.prod(int(np.diff(self.axis_bounds(x)).max(initial=0)) for x in range(len(self.shape)))
+
+    def spec(self, names: str | None = None) -> str:
+        """Short ``PartitionSpec``-like text: per tensor axis the grid dims that split it.
+
+        >>> Layout((4, 6), grid=(2, 3), axes=((1, 0), None)).spec("ij")
+        'grid (2, 3): i/(1, 0), j/-'
+        """
+        names = names or "".join(f"[{x}]" for x in range(len(self.shape)))
+        items = [f"{c}/{self.axes[x] if self.axes[x] is not None else '-'}" for x, c in
+                 enumerate([names[x] for x in range(len(self.shape))])] if len(names) == len(self.shape) else []
+        text = f"grid {self.grid}: " + (", ".join(items) or "scalar")
+        return text + (f", partial over {self.partial}" if self.partial else "")
+
+    def __str__(self) -> str:
+        shape = "x".join(map(str, self.shape)) or "scalar"
+        split = ", ".join(f"axis {x}/grid {self.axes[x]}" for x in range(len(self.shape))
+                          if self.axes[x] is not None) or "nothing split"
+        extra = f", partial over grid {self.partial}" if self.partial else ""
+        return f"{shape} on grid {self.grid} ({split}{extra})"
+
+    @classmethod
+    def on_root(cls, shape: Sequence[int], nprocs: int) -> Layout:
+        """The whole tensor on rank 0 only.
+
+        >>> Layout.on_root((3, 4), 4).block(1) is None
+        True
+        """
+        check_count(nprocs, "nprocs", minimum=1)
+        return cls(tuple(shape), (1,), (None,) * len(shape))
+
+    @classmethod
+    def replicated(cls, shape: Sequence[int], nprocs: int) -> Layout:
+        """The whole tensor on every one of ``nprocs`` ranks."""
+        check_count(nprocs, "nprocs", minimum=1)
+        return cls(tuple(shape), (nprocs,), (None,) * len(shape))
+
+    @classmethod
+    def even(cls, shape: Sequence[int], nprocs: int) -> Layout:
+        """Evenly block-distributed over all ``nprocs`` ranks, no replication, whatever grid later computes.
+
+        The grid is :func:`balanced_split` of ``nprocs`` over the tensor axes. An
+        axis may get more parts than it has elements (a prime P larger than every
+        axis): those ranks hold empty blocks. A 0-d tensor lives on rank 0.
+
+        >>> Layout.even((6, 4), 4).grid
+        (2, 2)
+        >>> Layout.even((3, 4), 7).grid, Layout.even((3, 4), 7).local_shape(6)
+        ((1, 7), (3, 0))
+        """
+        shape = tuple(shape)
+        check_count(nprocs, "nprocs", minimum=1)
+        if not shape:
+            return cls.on_root(shape, nprocs)
+        return cls(shape, balanced_split(shape, nprocs), tuple(range(len(shape))))
+
+    def spread(self) -> Layout:
+        """This layout with its replicated grid dimensions also splitting axes: no replication left.
+
+        Each replicated dimension (largest first) nests under the axis whose
+        blocks are then longest, so every rank holds a distinct, even piece of
+        its replication group's block: the "home" of a tensor on a compute grid,
+        from which an all-gather inside the replication group makes the block.
+
+        >>> Layout((8, 6), grid=(2, 3), axes=(0, None)).spread().axes
+        (0, 1)
+        >>> Layout((8, 3), grid=(2, 4), axes=(0, None)).spread().axes   # rows 4 long, columns 3: split rows
+        ((0, 1), None)
+        """
+        if self.partial:
+            raise DeinsumError(f"layout {self}: a partial layout cannot be spread")
+        if not self.shape:
+            return self
+        nest = [list(self.axis_dims(x)) for x in range(len(self.shape))]
+        for g in sorted(self.replicated_dims, key=lambda g: (-self.grid[g], g)):
+            if self.grid[g] == 1:
+                continue
+            extent = [-(-n // math.prod(self.grid[d] for d in dims)) for n, dims in zip(self.shape, nest)]
+            nest[int(np.argmax(extent))].append(g)
+        return Layout(self.shape, self.grid, tuple(tuple(d) if d else None for d in nest))
+
+
+@lru_cache(maxsize=64)
+def _layout_boxes(layout: Layout, nprocs: int) -> tuple[np.ndarray, np.ndarray]:
+    lo, hi = layout.boxes_of(np.arange(nprocs))
+    lo.flags.writeable = hi.flags.writeable = False
+    return lo, hi
+
+
+def grid_coords(grid: Sequence[int], ranks: np.ndarray) -> np.ndarray:
+    """C-order coordinates ``(len(ranks), len(grid))`` of ``ranks`` in ``grid``.
+
+    >>> grid_coords((2, 3), np.array([0, 4, 5])).tolist()
+    [[0, 0], [1, 1], [1, 2]]
+    """
+    ranks = np.asarray(ranks, dtype=np.int64)
+    coords = np.empty((ranks.size, len(grid)), dtype=np.int64)
+    stride = 1
+    for g in reversed(range(len(grid))):
+        coords[:, g] = ranks // stride % grid[g]
+        stride *= grid[g]
+    return coords
