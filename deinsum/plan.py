@@ -352,6 +352,17 @@ def _group_indices(steps: tuple[Step, ...]) -> str:
     return "".join(dict.fromkeys("".join("".join(s.subscripts) + s.output for s in steps)))
 
 
+def pin_names(layouts: Mapping | None) -> tuple[tuple[str, object], ...]:
+    """Pinned layouts keyed by tensor name (operand numbers become ``"in0"``, ...), sorted: hashable.
+
+    >>> pin_names({0: "even", "out": "even"})
+    (('in0', 'even'), ('out', 'even'))
+    """
+    named = {f"in{key}" if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else str(key): spec
+             for key, spec in (layouts or {}).items()}
+    return tuple(sorted(named.items()))
+
+
 def pin_layout(spec, shape: tuple[int, ...], nprocs: int, what: str) -> Layout:
     """A pinned layout: a :class:`Layout`, or a mode name (``"even"``, ``"replicated"``, ``"root"``).
 
@@ -516,8 +527,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     ``inputs``/``output`` say where the operands start and the result ends (see
     INPUT_MODES, OUTPUT_MODES); under ``"local"``/``"distributed"`` the planner
     chooses each tensor's even, non-replicated layout. ``layouts`` pins the
-    layout of any input (``"in0"``, ...) or of the result (``"out"``): a
-    :class:`Layout` or ``"even"``/``"replicated"``/``"root"``. Every fusion
+    layout of any input (``"in0"`` or ``0``, ...) or of a distributed result
+    (``"out"``): a :class:`Layout` or ``"even"``/``"replicated"``/``"root"``. Every fusion
     candidate of the SOAP analysis (up to MAX_PARTITIONS) is planned and the one
     whose busiest rank receives least wins.
     """
@@ -533,8 +544,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
         raise DeinsumError(f"output={output!r}: expected one of {', '.join(OUTPUT_MODES)}")
     dtype = np.dtype(dtype)
     memory = default_memory(nprocs, dtype.itemsize) if memory is None else int(memory)
-    pins = {f"in{key}" if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else key: spec
-            for key, spec in (layouts or {}).items()}
+    pins = dict(pin_names(layouts))
     names = {**{n: s for n, s in zip(d.input_names, d.input_subscripts)}, "out": d.output}
     for key in pins:
         if key not in names:
@@ -551,6 +561,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
             starts[name] = pin_layout(pins[name], shape_of(sub), nprocs, name)
         else:
             starts[name] = None if inputs == "local" else mode_layout(inputs, shape_of(sub), nprocs)
+    if output != "distributed":                     # a pinned result layout is where a distributed result ends
+        pins.pop("out", None)
     finish = (pin_layout(pins["out"], shape_of(d.output), nprocs, "out") if "out" in pins
               else None if output == "distributed" else mode_layout(output, shape_of(d.output), nprocs))
     analysis = analyze(d, S=memory, P=nprocs) if d.steps else None

@@ -21,7 +21,7 @@ from .codegen.emit import generate
 from .decompose import Decomposition, decompose
 from .errors import DeinsumError
 from .grids import Layout
-from .plan import Plan, build_plan
+from .plan import Plan, build_plan, pin_names
 from .soap import analyze
 
 
@@ -119,7 +119,7 @@ class Program:
         if nprocs is None:
             raise DeinsumError("the number of ranks is unknown: pass nprocs")
         dtype = as_dtype(dtype if dtype is not None else self.dtype if self.dtype is not None else np.float64)
-        pins = tuple(sorted((self.layouts or {}).items(), key=lambda kv: kv[0]))
+        pins = pin_names(self.layouts)
         return _plan(self.equation, shapes, int(nprocs), dtype, self.memory, inputs or self.inputs,
                      output or self.output, pins)
 
@@ -177,10 +177,10 @@ class Program:
             raise DeinsumError(f"{self.equation!r} takes {nops} operands, got {len(arrays)}")
         shapes, dtype = self._shapes_and_dtype(arrays, comm, inputs)
         plan = self.plan(shapes, comm.size, dtype, inputs, output)
-        if plan.memory != comm.allreduce(plan.memory, op=MPI.MIN):  # ranks measured different free memory
-            plan = _plan(self.equation, tuple(map(tuple, shapes)), comm.size, dtype,
-                         comm.allreduce(plan.memory, op=MPI.MIN), inputs, output,
-                         tuple(sorted((self.layouts or {}).items())))
+        memory = comm.allreduce(plan.memory, op=MPI.MIN)     # ranks may measure different free memory
+        if plan.memory != memory:
+            plan = _plan(self.equation, tuple(map(tuple, shapes)), comm.size, dtype, memory, inputs, output,
+                         pin_names(self.layouts))
         holds = inputs == "global" or inputs == "local" or comm.rank == 0
         operands = [np.asarray(a, dtype=dtype) if holds else None for a in arrays]
         if inputs == "local":

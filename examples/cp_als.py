@@ -68,8 +68,9 @@ def holds_whole_rows(layout) -> bool:
 def mttkrp_programs(shape, rank_r: int) -> list:
     """One deinsum program per mode: the MTTKRP of a ``shape`` tensor with rank-``rank_r`` factors."""
     order = len(shape)
-    return [deinsum.compile(mttkrp_equation(n, order), shape, *[(shape[m], rank_r) for m in range(order) if m != n])
-            for n in range(order)]
+    pins = {k: "even" for k in range(order)} | {"out": "even"}   # X, factors and results in the even layout
+    return [deinsum.compile(mttkrp_equation(n, order), shape, *[(shape[m], rank_r) for m in range(order) if m != n],
+                            layouts=pins) for n in range(order)]
 
 
 def cp_als_deinsum(comm, progs, X_block: np.ndarray, factors, iters: int):

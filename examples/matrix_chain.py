@@ -1,12 +1,13 @@
 """A matrix chain through deinsum: the fusion search, each group's grid, and the moves between grids.
 
 ``ij,jk,kl,lm->im`` becomes three GEMMs in the cheapest order (opt_einsum). The
-fusion search may group steps whose intermediates need no reduction before they
-are read; the candidate groupings are printed, best first. Each chosen group
+fusion search may group any connected steps (partial sums flow into later steps
+and are reduced once, at the group's end); the candidate groupings are printed,
+best first. Each chosen group
 runs on its own process grid, and a tensor that a group needs in another layout
 is redistributed: every move is printed with its source and destination grid
-and the bytes of the busiest rank. The run starts from evenly distributed
-blocks, leaves the result distributed, and checks it against numpy and the
+and the bytes of the busiest rank. The run starts from blocks in the layouts the
+planner chose (no replication), leaves the result distributed, and checks it against numpy and the
 measured bytes against the plan.
 
     mpiexec -n 4 python -m mpi4py examples/matrix_chain.py --sizes 400 30 400 30 400
@@ -33,7 +34,7 @@ def describe(plan) -> str:
         return "+".join(steps[k].name for k in group)
 
     lines = [f"{len(steps)} binary steps: " + "; ".join(f"{s.name} = {s.operation}" for s in steps),
-             "fusible groups (no step reads a result still to be reduced): "
+             "fusible groups (partial sums may flow into a later step of a group): "
              + ", ".join(f"[{name(g)}]" for g in valid_groups(steps)),
              "groupings, best first: " + ", ".join(" ".join(f"[{name(g)}]" for g in c.partition)
                                                    for c in a.candidates), ""]

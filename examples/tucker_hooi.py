@@ -100,10 +100,12 @@ def hooi_programs(shape, ranks) -> HOOIPrograms:
     order = len(shape)
     size = dict(zip(TENSOR, shape)) | dict(zip(CORE, ranks))
 
-    def program(equation: str, **extra: int):
-        return deinsum.compile(equation, *operand_shapes(equation, size | extra))
+    def program(equation: str, result_even: bool = False, **extra: int):
+        # every input pinned to the fixed even layout (and the TTMc results, which the others read)
+        pins = {n: "even" for n in range(equation.count(",") + 1)} | ({"out": "even"} if result_even else {})
+        return deinsum.compile(equation, *operand_shapes(equation, size | extra), layouts=pins)
 
-    return HOOIPrograms([program(ttmc_equation(n, order)) for n in range(order)],
+    return HOOIPrograms([program(ttmc_equation(n, order), result_even=True) for n in range(order)],
                         [program(gram_equation(n, order), **{GRAM: shape[n]}) for n in range(order)],
                         program(core_equation(order)))
 

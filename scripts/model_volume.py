@@ -23,7 +23,13 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from deinsum.grids import grid_volume, plan_grid
+import numpy as np
+
+from deinsum.decompose import decompose
+from deinsum.grids import GridChoice
+from deinsum.layout import Layout
+from deinsum.plan import build_plan
+from deinsum.redistribute import received_words
 
 PROCS = (8, 64, 512)
 
@@ -41,6 +47,27 @@ class Group:
     @property
     def equation(self) -> str:
         return ",".join(self.inputs) + "->" + self.output
+
+
+def grid_volume(indices: str, sizes: dict, inputs, output: str, nprocs: int, dims) -> int:
+    """Words the busiest rank receives for one group on grid ``dims`` when every input starts and the
+    output ends evenly distributed (``Layout.even``, the artifact's comparison start), by the planner's model."""
+    choice = GridChoice(indices, tuple(dims), output, nprocs)
+    words = np.zeros(nprocs, dtype=np.int64)
+    for sub in inputs:
+        layout = choice.layout(sub, sizes, partial=False)
+        words += received_words(Layout.even(layout.shape, nprocs), layout, nprocs)
+    out = choice.layout(output, sizes)
+    return int((words + received_words(out, Layout.even(out.shape, nprocs), nprocs)).max())
+
+
+def planned_grid(group: "Group", sizes: dict, nprocs: int) -> tuple[int, ...]:
+    """deinsum's grid for one group planned alone from and to even layouts (pinned), over ``group.indices``."""
+    pins = {f"in{n}": "even" for n in range(len(group.inputs))} | {"out": "even"}
+    plan = build_plan(decompose(group.equation, *[[sizes[c] for c in t] for t in group.inputs]), nprocs,
+                      layouts=pins)
+    grid = max(plan.groups, key=lambda g: len(g.indices)).grid
+    return tuple(dict(zip(grid.indices, grid.dims)).get(c, 1) for c in group.indices)
 
 
 def mm_sizes(nprocs: int) -> dict[str, int]:
@@ -124,11 +151,12 @@ def rows(procs=PROCS) -> list[Row]:
             if group.kernel.startswith("TTMc") and nprocs not in artifact:
                 continue
             sizes = {c: n for c, n in sizes_for(nprocs).items() if c in group.indices}
-            choice = plan_grid(group.indices, sizes, group.inputs, group.output, nprocs)
+            dims = planned_grid(group, sizes, nprocs)
+            volume = grid_volume(group.indices, sizes, group.inputs, group.output, nprocs, dims)
             theirs = artifact.get(nprocs)
             theirs_volume = None if theirs is None else grid_volume(group.indices, sizes, group.inputs,
                                                                      group.output, nprocs, theirs)
-            out.append(Row(group.kernel, group.equation, nprocs, sizes, choice.dims, choice.volume, theirs,
+            out.append(Row(group.kernel, group.equation, nprocs, sizes, dims, volume, theirs,
                            theirs_volume, None if soap is None else soap(group, sizes, nprocs), group.note))
     return out
 

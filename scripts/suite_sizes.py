@@ -14,9 +14,7 @@ other P follow the weak-scaling rule ``(I, R) * P^(1/4)``, rounded.
 from __future__ import annotations
 
 from bench_executor import KERNELS
-from model_volume import MTTKRP3_SIZES, SUITE as MODEL_SUITE, Group, mm_sizes, order5_sizes
-
-from deinsum.grids import grid_volume
+from model_volume import MTTKRP3_SIZES, SUITE as MODEL_SUITE, Group, grid_volume, mm_sizes, order5_sizes
 
 #: The P of the model sweep (paper: 1..512 nodes; 4096 extrapolates).
 MODEL_PROCS = (1, 2, 4, 8, 16, 64, 512, 4096)
