@@ -34,8 +34,8 @@ __all__ = ["GridChoice", "candidate_grids", "estimate_words", "tile_distance", "
 SMOOTH_PRIME = 7
 FEWER_RANK_COUNTS = 4
 #: At most this many candidate grids per group; past it the indices whose SOAP tile is closest to
-#: their whole extent are left unsplit (the reason says so).
-MAX_CANDIDATE_GRIDS = 50_000
+#: their whole extent (else the smallest) are left unsplit (the reason says so).
+MAX_CANDIDATE_GRIDS = 8192
 
 
 @dataclass(frozen=True)
@@ -105,14 +105,15 @@ def candidate_grids(nprocs: int, indices: str, sizes: Mapping[str, int],
     The ordered factorisations of ``nprocs``, plus grids on fewer ranks when ``nprocs``
     has a prime factor above SMOOTH_PRIME or no grid of ``nprocs`` fits. When there
     would be more than MAX_CANDIDATE_GRIDS, the indices least worth splitting (largest
-    ``tile / size``) stay unsplit.
+    ``tile / size``, else the smallest) stay unsplit.
 
     >>> rows, note = candidate_grids(4, "ij", dict(i=4, j=4))
     >>> rows.tolist(), note
     ([[1, 4], [2, 2], [4, 1]], 'searched 3 grids on 4 ranks')
     """
     caps = [max(1, int(sizes[c])) for c in indices]
-    order = sorted(range(len(indices)), key=lambda v: (float(tile.get(indices[v], 1.0)) / caps[v] if tile else 0.0, v))
+    order = sorted(range(len(indices)), key=lambda v: (-float(tile.get(indices[v], 1.0)) / caps[v] if tile else 0.0,
+                                                       caps[v], v), reverse=True)
     dropped = []
     while _count_bound(nprocs, caps) > MAX_CANDIDATE_GRIDS:
         v = order.pop()

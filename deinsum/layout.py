@@ -37,6 +37,13 @@ def check_count(value: Any, what: str, minimum: int) -> int:
     return int(value)
 
 
+def _count(value: Any, what: str, minimum: int) -> int:
+    """:func:`check_count` with a fast path for plain ints."""
+    if type(value) is int and value >= minimum:
+        return value
+    return check_count(value, what, minimum)
+
+
 def block_bounds(n: int, p: int) -> tuple[int, ...]:
     """Offsets of ``p`` balanced blocks of ``range(n)``; the first ``n % p`` blocks get one more.
 
@@ -227,13 +234,13 @@ class Layout:
     partial: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        shape = tuple(check_count(n, "layout shape", minimum=0) for n in self.shape)
-        grid = tuple(check_count(g, "layout grid", minimum=1) for g in self.grid)
+        shape = tuple(_count(n, "layout shape", 0) for n in self.shape)
+        grid = tuple(_count(g, "layout grid", 1) for g in self.grid)
         axes = []
         for spec in self.axes:
-            dims = tuple(check_count(g, "layout axes", minimum=0) for g in _axis_dims(spec))
+            dims = tuple(_count(g, "layout axes", 0) for g in _axis_dims(spec))
             axes.append(None if not dims else dims[0] if len(dims) == 1 else dims)
-        partial = tuple(check_count(g, "layout partial", minimum=0) for g in self.partial)
+        partial = tuple(_count(g, "layout partial", 0) for g in self.partial)
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "grid", grid)
         object.__setattr__(self, "axes", tuple(axes))
@@ -241,9 +248,9 @@ class Layout:
         if len(axes) != len(shape):
             raise DeinsumError(f"layout of shape {shape}: {len(axes)} axes given, expected {len(shape)}")
         split = [g for spec in axes for g in _axis_dims(spec)]
-        for g in split + list(partial):
-            if g >= len(grid):
-                raise DeinsumError(f"layout on grid {grid}: grid dimension {g} does not exist")
+        if any(g >= len(grid) for g in split + list(partial)):
+            g = max(split + list(partial))
+            raise DeinsumError(f"layout on grid {grid}: grid dimension {g} does not exist")
         if len(set(split)) != len(split):
             raise DeinsumError(f"layout axes {tuple(axes)}: one grid dimension splits two tensor axes")
         if len(set(partial)) != len(partial) or set(partial) & set(split):

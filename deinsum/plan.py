@@ -324,8 +324,9 @@ def default_memory(nprocs: int, itemsize: int) -> int:
     return max(1, available // max(1, min(nprocs, os.cpu_count() or 1)) // itemsize)
 
 
-def _holds_blocks(src: Layout, dst: Layout, nprocs: int) -> bool:
-    """Whether every rank already holds exactly its ``dst`` block in ``src`` (complete sums): no move needed.
+def _holds_blocks(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray | None = None) -> bool:
+    """Whether every rank (of ``ranks``, default all) already holds exactly its ``dst`` block in ``src``
+    (complete sums): no move needed.
 
     >>> _holds_blocks(Layout.on_root((3, 4), 1), Layout.even((3, 4), 1), 1)
     True
@@ -334,7 +335,10 @@ def _holds_blocks(src: Layout, dst: Layout, nprocs: int) -> bool:
         return True
     if src.partial or min(src.nranks, nprocs) != min(dst.nranks, nprocs):
         return False
-    (src_lo, src_hi), (dst_lo, dst_hi) = src.boxes(nprocs), dst.boxes(nprocs)
+    if ranks is None:
+        (src_lo, src_hi), (dst_lo, dst_hi) = src.boxes(nprocs), dst.boxes(nprocs)
+    else:
+        (src_lo, src_hi), (dst_lo, dst_hi) = src.boxes_of(ranks), dst.boxes_of(ranks)
     return bool(np.array_equal(src_lo, dst_lo) and np.array_equal(src_hi, dst_hi))
 
 
@@ -411,6 +415,7 @@ class _Planner:
         self.sizes = dict(d.sizes)
         self.ranks = sample_ranks(nprocs, SEARCH_RANKS)
         self._words: dict = {}
+        self._grids: dict = {}
 
     def shape(self, sub: str) -> tuple[int, ...]:
         return tuple(self.sizes[c] for c in sub)
@@ -445,15 +450,20 @@ class _Planner:
         """The GRIDS_PER_GROUP best grids of a group by :func:`estimate_words`, given where its inputs are."""
         indices, out = _group_indices(group_steps), group_steps[-1].output
         layouts = dict(state.layouts)
-        reads = [(sub, layouts.get(name)) for name, sub in _group_reads(group_steps)]
-        dims, note = candidate_grids(self.nprocs, indices, self.sizes)
+        reads = tuple((sub, layouts.get(name)) for name, sub in _group_reads(group_steps))
         target = self.finish if last else None
-        estimate = estimate_words(indices, self.sizes, dims, self.nprocs, reads, out, target)
-        idle = self.nprocs - dims.prod(axis=1)
-        fit = np.round(tile_distance(dims, indices, self.sizes, None), 9)
-        order = np.lexsort(tuple(dims[:, v] for v in reversed(range(len(indices)))) + (fit, idle, estimate))
-        return [GridChoice(indices, tuple(int(p) for p in dims[r]), out, self.nprocs, int(estimate[r]), note)
-                for r in order[:GRIDS_PER_GROUP]]
+        key = (indices, out, reads, target)
+        if key not in self._grids:
+            if indices not in self._grids:
+                dims, note = candidate_grids(self.nprocs, indices, self.sizes)
+                fit = np.round(tile_distance(dims, indices, self.sizes, None), 9)
+                self._grids[indices] = dims, note, fit, self.nprocs - dims.prod(axis=1)
+            dims, note, fit, idle = self._grids[indices]
+            estimate = estimate_words(indices, self.sizes, dims, self.nprocs, reads, out, target)
+            order = np.lexsort(tuple(dims[:, v] for v in reversed(range(len(indices)))) + (fit, idle, estimate))
+            self._grids[key] = [GridChoice(indices, tuple(int(p) for p in dims[r]), out, self.nprocs,
+                                           int(estimate[r]), note) for r in order[:GRIDS_PER_GROUP]]
+        return self._grids[key]
 
     def extend(self, state: _State, number: int, group_steps, choice: GridChoice, ranks: np.ndarray,
                last: bool) -> _State:
@@ -469,7 +479,7 @@ class _Planner:
                 src = entry[name] = self.home(dst)
             elif src.partial:                     # the estimate owed for it is now paid for real
                 pending -= self.words(src, self.home(Layout(src.shape, src.grid, src.axes)), ranks)
-            if not _holds_blocks(src, dst, self.nprocs):
+            if not _holds_blocks(src, dst, self.nprocs, ranks):
                 phase = "distribute" if name in self.d.input_names else "reduce" if src.partial else "redistribute"
                 moved = self.words(src, dst, ranks)
                 group_words += moved
@@ -484,7 +494,7 @@ class _Planner:
         if last:
             final = self.finish or self.home(produced)
             entry["out"] = final
-            if not _holds_blocks(produced, final, self.nprocs):
+            if not _holds_blocks(produced, final, self.nprocs, ranks):
                 received += self.words(produced, final, ranks)
                 phase = "gather" if self.finish is not None and self.finish.nranks < self.nprocs else (
                     "reduce" if produced.partial else "redistribute")

@@ -52,7 +52,8 @@ from .symbolic import SymbolicBound, symbolic_bound
 def clear_caches() -> None:
     """Forget every cached statement structure, closed form and numeric problem (for cold timings)."""
     from . import fusion, numeric, statement, symbolic
-    for f in (statement.structure, numeric._problem, symbolic._bound, symbolic._solve, fusion._reference_cost):
+    for f in (statement.structure, numeric._problem, numeric._rho, numeric.tile_for, symbolic._bound, symbolic._solve,
+              fusion._reference_cost):
         f.cache_clear()
 
 

@@ -165,6 +165,18 @@ class Problem:
         return best, self.footprint(y) + self.m0, y
 
 
+@lru_cache(maxsize=4096)
+def _rho(pb: Problem, S: float) -> tuple[float, float, np.ndarray]:
+    """:meth:`Problem.rho`, cached per (problem, S)."""
+    return pb.rho(S)
+
+
+@lru_cache(maxsize=4096)
+def tile_for(pb: Problem, log_iterations: float) -> tuple[float, np.ndarray]:
+    """:meth:`Problem.tile_for`, cached per (problem, iterations)."""
+    return pb.tile_for(log_iterations)
+
+
 @lru_cache(maxsize=1024)
 def _problem(terms: tuple[str, ...], sizes: tuple[tuple[str, int], ...] | None) -> Problem:
     st = structure(terms)
@@ -239,7 +251,7 @@ def numeric_bound(statement: Statement, sizes: Mapping[str, int], S: float) -> N
         return NumericBound(statement, sizes, float(S), V, float(V), 0.0, math.inf, 0.0,
                             {v: float(n) for v, n in sizes.items()}, ())
     pb = problem(statement, sizes)
-    log_rho, X0, y = pb.rho(S)
+    log_rho, X0, y = _rho(pb, float(S))
     tiles = split_tile(statement.variables, pb, y, sizes)
     V = statement.iteration_space(sizes)
     rho = math.exp(log_rho) if math.isfinite(log_rho) else math.inf

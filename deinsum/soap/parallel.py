@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..errors import DeinsumError
-from .numeric import clamped, numeric_bound, problem, split_tile
+from .numeric import clamped, numeric_bound, problem, split_tile, tile_for
 from .statement import Statement, check_sizes, is_trivial
 
 #: The starting layout every parallel figure assumes.
@@ -90,12 +90,8 @@ def parallel_bound(statement: Statement, sizes: Mapping[str, int], P: int, S: fl
     if is_trivial(statement, sizes):
         return ParallelBound(statement, sizes, P, seq.S, 0.0, 0.0, 0.0, own, dict(seq.tiles), ())
     pb = problem(statement, sizes)
-    XP, y = pb.tile_for(math.log(seq.V / P))
-    Q_dep = 0.0
-    if S >= pb.unit + pb.m0:               # segment argument: |V| / (P rho(S)) - (X0 - S), at least 0
-        log_rho, X0, _ = pb.rho(S)
-        if math.isfinite(log_rho):
-            Q_dep = max(0.0, math.exp(pb.log_volume - log_rho) / P - (X0 - S))
+    XP, y = tile_for(pb, math.log(seq.V / P))
+    Q_dep = max(0.0, seq.Q / P - (seq.X0 - seq.S)) if math.isfinite(seq.rho) else 0.0   # segment argument
     tiles = split_tile(statement.variables, pb, y, sizes)
     return ParallelBound(statement, sizes, P, seq.S, Q_dep, max(XP - own, 0.0), XP, own, tiles,
                          clamped(tiles, sizes))
