@@ -10,7 +10,7 @@ from __future__ import annotations
 from .decompose import Decomposition, Step, decompose
 from .errors import DeinsumError
 
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memory: int | None = None,

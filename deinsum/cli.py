@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import __version__
+from .version import __version__
 from .errors import DeinsumError
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from .decompose import Decomposition, Step
 from .errors import DeinsumError
 from .grids import GridChoice, Layout, plan_grid
-from .redistribute import Redistribution, plan_redistribution, received_words
+from .schedule import Compute, Move
 from .soap import analyze
 
 INPUT_MODES = {"global": "global arrays on every rank", "root": "global arrays on rank 0",
@@ -60,80 +60,6 @@ class GroupPlan:
         return self.grid.indices
 
 
-@dataclass(frozen=True)
-class Move:
-    """A planned redistribution of one tensor from ``src`` to ``dst`` layout on ``nprocs`` ranks.
-
-    The per-rank exchange tables are built on first use (running or emitting);
-    the volume model answers reports for any number of ranks without them.
-    """
-
-    tensor: str
-    phase: str
-    src: Layout
-    dst: Layout
-    nprocs: int
-
-    @cached_property
-    def redistribution(self) -> Redistribution:
-        return plan_redistribution(self.src, self.dst, self.nprocs)
-
-    @cached_property
-    def words_received(self) -> np.ndarray:
-        """Modeled words each rank receives (vectorised; equal to the tables' counts)."""
-        return received_words(self.src, self.dst, self.nprocs)
-
-    @cached_property
-    def phases(self) -> tuple[tuple[tuple[int, ...] | None, tuple], ...]:
-        """Per phase: the source-grid dims its communicator spans (None: all ranks), and every rank's
-        one-phase table with peers numbered in that communicator.
-
-        A reduce-scatter of partial sums that stays inside each reduction group runs on that
-        group's ``Cart_sub`` communicator (remain = ``src.partial``) instead of on all ranks.
-        """
-        tables = [self.redistribution.table(r) for r in range(self.nprocs)]
-        phases = []
-        for k in range(len(tables[0])):
-            per_rank = [(t[k],) for t in tables]
-            dims = self.src.partial if k == 0 and len(tables[0]) == 2 else None
-            sub = _within_groups(per_rank, self.src, dims) if dims else None
-            phases.append((dims, sub) if sub is not None else (None, tuple(per_rank)))
-        return tuple(phases)
-
-    @property
-    def label(self) -> str:
-        return f"{self.tensor}: {self.phase}"
-
-
-def _within_groups(tables, layout: Layout, dims: tuple[int, ...]):
-    """``tables`` with peers renumbered inside ``Cart_sub(remain=dims)`` of ``layout.grid``,
-    or None when some rank talks outside its group."""
-    coords = [layout.coords(r) for r in range(len(tables))]
-    keep = [d for d in range(len(layout.grid)) if d not in dims]
-    sub_shape = [layout.grid[d] for d in dims]
-
-    def renumber(rank: int, peer: int) -> int:
-        if coords[peer] is None or [coords[peer][d] for d in keep] != [coords[rank][d] for d in keep]:
-            raise LookupError
-        return int(np.ravel_multi_index([coords[peer][d] for d in dims], sub_shape))
-
-    out = []
-    for rank, ((in_held, in_shape, out_held, out_shape, sends, recvs, ops),) in enumerate(tables):
-        try:
-            if coords[rank] is None:
-                if sends or recvs or ops:
-                    raise LookupError
-                out.append(tables[rank])
-                continue
-            out.append(((in_held, in_shape, out_held, out_shape,
-                         tuple((renumber(rank, p),) + tuple(rest) for p, *rest in sends),
-                         tuple((renumber(rank, p),) + tuple(rest) for p, *rest in recvs),
-                         tuple((renumber(rank, p),) + tuple(rest) for p, *rest in ops)),))
-        except LookupError:
-            return None
-    return tuple(out)
-
-
 @dataclass(frozen=True, eq=False)
 class Plan:
     """Everything needed to run (or emit) one einsum on ``nprocs`` ranks."""
@@ -148,7 +74,7 @@ class Plan:
     groups: tuple[GroupPlan, ...]
     entry: tuple[Layout, ...]
     exit: Layout
-    schedule: tuple[tuple[str, object], ...]   # ("move", Move) | ("compute", GroupPlan), in order
+    schedule: tuple[Move | Compute, ...]   # in order
 
     @property
     def equation(self) -> str:
@@ -156,7 +82,7 @@ class Plan:
 
     @property
     def moves(self) -> tuple[Move, ...]:
-        return tuple(item for kind, item in self.schedule if kind == "move")
+        return tuple(item for item in self.schedule if isinstance(item, Move))
 
     def received_bytes(self) -> np.ndarray:
         """Modeled bytes every rank receives (from the volume model: fast for any number of ranks)."""
@@ -241,7 +167,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
                for name, sub in zip(d.input_names, d.input_subscripts)}
     entry = tuple(layouts[n] for n in d.input_names)
     analysis = analyze(d, S=memory, P=nprocs) if d.steps else None
-    schedule, groups = [], []
+    schedule, groups, made_by = [], [], {}
     # a group runs once its last step can: ordering by last step is a topological order
     ordered = sorted(analysis.groups, key=lambda b: max(b.steps)) if analysis else []
     for g, bound in enumerate(ordered):
@@ -258,11 +184,12 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
             src = layouts[name]
             if not _holds_blocks(src, dst, nprocs):
                 phase = "distribute" if name in d.input_names else ("reduce" if src.partial else "redistribute")
-                schedule.append(("move", Move(name, phase, src, dst, nprocs)))
+                schedule.append(Move(name, phase, src, dst, nprocs, made_by.get(name)))
             layouts[name] = dst
         group = GroupPlan(g, steps, choice, reads, last.name, last.output)
         groups.append(group)
-        schedule.append(("compute", group))
+        schedule.append(Compute(group))
+        made_by[last.name] = g
         layouts[last.name] = choice.layout(last.output, sizes, partial=True)
     if not d.steps:  # a single operand: the pre-pass makes the result where the operand is
         layouts["out"] = mode_layout(inputs, shape_of(d.output), nprocs)
@@ -270,7 +197,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     src = layouts["out"]
     if not _holds_blocks(src, final, nprocs):
         phase = "gather" if output != "distributed" else "reduce" if src.partial else "redistribute"
-        schedule.append(("move", Move("out", phase, src, final, nprocs)))
+        schedule.append(Move("out", phase, src, final, nprocs, made_by.get("out")))
     return Plan(d, int(nprocs), dtype, memory, inputs, output, analysis, tuple(groups), entry, final,
                 tuple(schedule))
 

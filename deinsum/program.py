@@ -18,10 +18,13 @@ from typing import Sequence
 import numpy as np
 
 from .codegen.emit import generate
+from .codegen.kernels import contract_pair, unary
+from .codegen.runtime import Runtime, pin_blas_threads
 from .decompose import Decomposition, decompose
 from .errors import DeinsumError
 from .grids import Layout
 from .plan import Plan, build_plan
+from .schedule import Move
 from .soap import analyze
 
 
@@ -74,12 +77,56 @@ def as_dtype(value) -> np.dtype:
 _PINNED: list = []  # non-empty once this process pinned its BLAS threads
 
 
-@lru_cache(maxsize=64)
-def _program(plan: Plan) -> dict:
-    """The namespace of the plan's program text (the same text ``to_script`` writes), executed once."""
-    namespace: dict = {"__name__": "deinsum_program"}
-    exec(compile(generate(plan), f"<deinsum program {plan.equation}>", "exec"), namespace)
-    return namespace
+def execute(decomposition: Decomposition, *operands) -> np.ndarray:
+    """Run a decomposition sequentially with numpy (BLAS via tensordot/matmul): the distributed runtime
+    calls the same kernels on local blocks.
+
+    >>> x, a, b = (np.ones(s) for s in [(8, 9, 10), (9, 4), (10, 4)])
+    >>> float(execute(decompose("ijk,ja,ka->ia", x.shape, a.shape, b.shape), x, a, b)[0, 0])
+    90.0
+    """
+    arrays = [np.asarray(x) for x in operands]
+    if len(arrays) != len(decomposition.raw_subscripts):
+        raise DeinsumError(f"{decomposition.equation!r} takes {len(decomposition.raw_subscripts)} operands, "
+                           f"got {len(arrays)}")
+    tensors = {f"in{n}": a for n, a in enumerate(arrays)}
+    dtype = np.result_type(*arrays) if arrays else np.float64
+    for step in decomposition.prepass + decomposition.steps:
+        args = [tensors[o] for o in step.operands]
+        if len(args) == 1:
+            tensors[step.name] = unary(args[0], step.subscripts[0], step.output)
+        else:
+            tensors[step.name] = contract_pair(*args, *step.subscripts, step.output)
+    return np.asarray(tensors["out"], dtype=dtype)
+
+
+def runtime_for(plan: Plan, comm) -> Runtime:
+    """This rank's :class:`~deinsum.codegen.runtime.Runtime` of ``plan`` on ``comm`` (its tables only)."""
+    rank = comm.Get_rank()
+    return Runtime(comm, plan.dtype, [(m.phase, m.label, m.table(rank)) for m in plan.moves])
+
+
+def run_schedule(rt: Runtime, plan: Plan, operands: Sequence) -> np.ndarray | None:
+    """Execute ``plan``'s schedule on this rank: the same operations, in the same order, as the
+    ``run`` of the plan's emitted script (see :mod:`deinsum.codegen.emit`)."""
+    d = plan.decomposition
+    tensors = dict(zip(d.input_names, operands))
+    for s in d.prepass:
+        tensors[s.name] = rt.unary(tensors[s.operands[0]], s.subscripts[0], s.output)
+    for item in plan.schedule:
+        if isinstance(item, Move):
+            k = plan.moves.index(item)
+            for step, e in enumerate(item.exchanges):
+                comm = rt.world if e.comm.group is None else rt.cart_sub(e.comm.grid, e.comm.remain)
+                tensors[item.tensor] = rt.move(e.kind, tensors[item.tensor], k, step, comm)
+            continue
+        g = item.group
+        if rt.member(g.grid.dims):
+            for s in g.steps:
+                tensors[s.name] = rt.contract(*(tensors[o] for o in s.operands), *s.subscripts, s.output)
+        else:
+            tensors[g.output] = None
+    return tensors["out"]
 
 
 @dataclass
@@ -95,6 +142,7 @@ class Program:
     output: str = "all"
     threads: str | None = "auto"
     last_run: RunReport | None = field(default=None, init=False, repr=False)
+    _runtimes: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         if self.shapes is not None:
@@ -181,17 +229,34 @@ class Program:
                 if a.shape != tuple(want):
                     raise DeinsumError(f"operand {n}: rank {comm.rank} must pass its block of shape {tuple(want)}"
                                        f" (see Program.input_blocks), not {a.shape}")
-        ns = _program(plan)
         if self.threads == "auto" and not _PINNED:
-            ns["pin_blas_threads"](comm)
+            pin_blas_threads(comm)
             _PINNED.append(comm.size)
-        log, clock = ns["ByteLog"](), ns["Clock"]()
-        result = ns["run_program"](comm, operands, log, clock)
+        key = (plan, comm.py2f())
+        if key not in self._runtimes:
+            self._runtimes[key] = runtime_for(plan, comm)
+        rt = self._runtimes[key]
+        rt.reset()
+        result = run_schedule(rt, plan, operands)
         model = plan.model_bytes()[comm.rank]
-        self.last_run = RunReport(comm.rank, dict(clock.seconds), log.bytes_sent, log.bytes_received, *model)
+        self.last_run = RunReport(comm.rank, dict(rt.clock.seconds), rt.log.bytes_sent, rt.log.bytes_received,
+                                  *model)
         if output == "distributed":
             return DistributedResult(result, plan.exit, comm.rank)
         return result
+
+    def close(self) -> None:
+        """Free the communicators and datatypes kept across calls (collective: every rank calls it)."""
+        for rt in self._runtimes.values():
+            rt.close()
+        self._runtimes.clear()
+
+    def __enter__(self) -> Program:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
 
     def _shapes_and_dtype(self, arrays, comm, inputs):
         if inputs == "root":

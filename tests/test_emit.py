@@ -9,6 +9,7 @@ import pytest
 
 import deinsum
 from deinsum import DeinsumError
+from deinsum.codegen.emit import BEGIN, END, runtime_source
 from mpirun import run_mpi_script
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
@@ -16,7 +17,7 @@ from suite import SUITE, shapes_for
 EMIT_P = [1, 3, 4, 8]
 SCRIPT_CASES = [(eq, shapes_for(eq, sizes)) for eq, sizes in SUITE.values()] + random_einsums(200, seed=11)
 
-# Runs every emitted script's own code (script_main, run_program) inside one launch per P.
+# Runs every emitted script's own code (script_main, run) inside one launch per P.
 DRIVER = """
 import json, sys
 import numpy as np
@@ -29,12 +30,12 @@ for path in paths:
     exec(compile(open(path).read(), path, "exec"), ns)
     status = ns["script_main"](ns, ["--validate", "--seed", "3"])
     operands = ns["random_operands"](ns["INPUT_SHAPES"], ns["DTYPE"], 3) if comm.rank == 0 else [None] * len(ns["INPUT_SHAPES"])
-    log, clock = ns["ByteLog"](), ns["Clock"]()
-    ns["run_program"](comm, operands, log, clock)
+    with ns["script_runtime"](ns, comm) as rt:
+        ns["run"](rt, *operands)
     model = ns["MODEL_BYTES"][comm.rank]
-    if status != 0 or (log.bytes_sent, log.bytes_received) != tuple(model):
+    if status != 0 or (rt.log.bytes_sent, rt.log.bytes_received) != tuple(model):
         failures += 1
-        print(f"FAIL {path} status={status} bytes={(log.bytes_sent, log.bytes_received)} model={model}", file=sys.stderr)
+        print(f"FAIL {path} status={status} bytes={(rt.log.bytes_sent, rt.log.bytes_received)} model={model}", file=sys.stderr)
 total = comm.allreduce(failures)
 if comm.rank == 0:
     print(f"SCRIPTS {len(paths)} FAILED {total}")
@@ -151,7 +152,17 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
     path = deinsum.compile("ijk,ja,ka->ia", (8, 9, 10), (9, 4), (10, 4)).to_script(tmp_path / "p.py", nprocs=8)
     text = path.read_text()
     compile(text, str(path), "exec")
-    assert "# -------- group 0: ja,ka->jka; ijk,jka->ia" in text
-    assert "Create_cart" in text and "contract_pair(" in text and "MOVES = " in text
+    # a listing: one function per group, named collectives on named communicators
+    for line in ['"""ja,ka->jka; ijk,jka->ia on grid 0 (i=4, j=1, k=2, a=1), 8 rank(s)."""',
+                 "in1 = rt.broadcast(in1, move=0, comm=rt.world)", "in0 = rt.scatter(in0, move=2, comm=rt.world)",
+                 "if rt.member(GRID0):", "t0 = rt.contract(in1, in2, 'ja', 'ka', 'jka')  # KRP",
+                 "grid0_sum = rt.cart_sub(GRID0, remain=(2,))", "out = rt.reduce_scatter(out, move=3, comm=grid0_sum)",
+                 "out = rt.gather(out, move=3, step=1, comm=rt.world)"]:
+        assert line in text, line
+    # the runtime is one delimited block, equal to the modules it is made of
+    assert text.count(BEGIN) == text.count(END) == 1
+    block = text[text.index(BEGIN):text.index(END) + len(END)]
+    assert block == runtime_source()
+    assert "def " not in text[:text.index(BEGIN)] and "class " not in text[text.index(END):]
     assert subprocess.run([sys.executable, "-c", "import ast,sys; ast.parse(open(sys.argv[1]).read())", str(path)],
                           timeout=60).returncode == 0
