@@ -13,8 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .version import __version__
 from .errors import DeinsumError
+from .version import __version__
 
 
 def parse_sizes(options: list[str]) -> dict[str, int]:
