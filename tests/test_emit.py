@@ -16,6 +16,8 @@ from suite import SUITE, shapes_for
 
 EMIT_P = [1, 3, 4, 8]
 SCRIPT_CASES = [(eq, shapes_for(eq, sizes)) for eq, sizes in SUITE.values()] + random_einsums(200, seed=11)
+#: The default run: the suite and 14 random einsums (case n has dtype n % 4: every dtype several times).
+SUBSET = SCRIPT_CASES[:len(SUITE) + 14]
 
 # Runs every emitted script's own code (script_main, run) inside one launch per P.
 DRIVER = """
@@ -42,10 +44,9 @@ if comm.rank == 0:
 """
 
 
-@pytest.mark.parametrize("nprocs", EMIT_P)
-def test_emitted_scripts_match_numpy_and_model(nprocs, tmp_path):
+def check_scripts(nprocs, cases, tmp_path):
     paths = []
-    for n, (eq, shapes) in enumerate(SCRIPT_CASES):
+    for n, (eq, shapes) in enumerate(cases):
         dtype = [np.float64, np.float32, np.complex128, np.complex64][n % 4]
         paths.append(str(deinsum.compile(eq, *shapes, dtype=dtype).to_script(tmp_path / f"p{n}.py", nprocs=nprocs)))
     (tmp_path / "paths.json").write_text(json.dumps(paths))
@@ -53,6 +54,17 @@ def test_emitted_scripts_match_numpy_and_model(nprocs, tmp_path):
     res = run_mpi_script(nprocs, tmp_path / "driver.py", str(tmp_path / "paths.json"), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"SCRIPTS {len(paths)} FAILED 0" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("nprocs", EMIT_P)
+def test_emitted_scripts_match_numpy_and_model(nprocs, tmp_path):
+    check_scripts(nprocs, SUBSET, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nprocs", EMIT_P)
+def test_emitted_scripts_match_numpy_and_model_on_210_einsums(nprocs, tmp_path):
+    check_scripts(nprocs, SCRIPT_CASES, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["MTTKRP-O3-M0", "3MM"])
