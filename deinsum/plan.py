@@ -4,7 +4,7 @@ Planning is pure (no MPI): a Plan can be built for any number of ranks. The
 report, the in-process runtime and the emitted script all read it.
 
 >>> from deinsum.decompose import decompose
->>> plan = build_plan(decompose("ij,jk->ik", (64, 64), (64, 64)), nprocs=8, inputs="local", output="distributed")
+>>> plan = build_plan(decompose("ij,jk->ik", (64, 64), (64, 64)), nprocs=8, inputs="local", result="distributed")
 >>> plan.groups[0].grid.used, [m.label for m in plan.moves]
 (8, ['in0: distribute', 'in1: distribute'])
 >>> [int(b) for b in plan.received_bytes()] == [received for _, received in plan.model_bytes()]
@@ -25,7 +25,7 @@ from .soap import analyze
 
 INPUT_MODES = {"global": "global arrays on every rank", "root": "global arrays on rank 0",
                "local": "evenly block-distributed local blocks, no replication"}
-OUTPUT_MODES = {"all": "whole result on every rank", "root": "whole result on rank 0",
+RESULT_MODES = {"all": "whole result on every rank", "root": "whole result on rank 0",
                 "distributed": "evenly block-distributed"}
 #: Default local memory per rank, in elements, for the SOAP bounds (1 GiB of float64).
 DEFAULT_MEMORY = 2**27
@@ -36,7 +36,7 @@ _MODE_LAYOUTS = {"global": Layout.replicated, "all": Layout.replicated, "root": 
 
 
 def mode_layout(mode: str, shape: tuple[int, ...], nprocs: int) -> Layout:
-    """The layout of an input or output mode: on every rank, on rank 0, or evenly block-distributed.
+    """The layout of an input or result mode: on every rank, on rank 0, or evenly block-distributed.
 
     >>> mode_layout("root", (3, 4), 2) == Layout.on_root((3, 4), 2)
     True
@@ -69,7 +69,7 @@ class Plan:
     dtype: np.dtype
     memory: int
     inputs: str
-    output: str
+    result: str
     analysis: object
     groups: tuple[GroupPlan, ...]
     entry: tuple[Layout, ...]
@@ -101,7 +101,7 @@ class Plan:
     def __str__(self) -> str:
         d = self.decomposition
         lines = [f"deinsum plan for {d.equation!r} on {self.nprocs} rank(s), dtype {self.dtype.name}",
-                 f"  inputs: {INPUT_MODES[self.inputs]}; result: {OUTPUT_MODES[self.output]}",
+                 f"  inputs: {INPUT_MODES[self.inputs]}; result: {RESULT_MODES[self.result]}",
                  f"  local memory for the SOAP bounds: S = {self.memory} elements",
                  str(d), ""]
         for g in self.groups:
@@ -143,7 +143,7 @@ def _group_reads(steps: tuple[Step, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memory: int | None = None,
-               inputs: str = "global", output: str = "all") -> Plan:
+               inputs: str = "global", result: str = "all") -> Plan:
     """Plan ``decomposition`` on ``nprocs`` ranks (pure; no MPI needed)."""
     d = decomposition
     if d.sizes is None:
@@ -152,8 +152,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
         raise DeinsumError(f"nprocs must be an integer >= 1, not {nprocs!r}")
     if inputs not in INPUT_MODES:
         raise DeinsumError(f"inputs={inputs!r}: expected one of {', '.join(INPUT_MODES)}")
-    if output not in OUTPUT_MODES:
-        raise DeinsumError(f"output={output!r}: expected one of {', '.join(OUTPUT_MODES)}")
+    if result not in RESULT_MODES:
+        raise DeinsumError(f"result={result!r}: expected one of {', '.join(RESULT_MODES)}")
     if inputs == "local" and d.prepass:
         names = ", ".join(s.operands[0] for s in d.prepass)
         raise DeinsumError(f"operand(s) {names} need a unary pre-pass (diagonal, sum or broadcast): "
@@ -176,7 +176,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
         reads = _group_reads(steps)
         last = steps[-1]
         is_last = g == len(ordered) - 1
-        target = mode_layout(output, shape_of(last.output), nprocs) if is_last else None
+        target = mode_layout(result, shape_of(last.output), nprocs) if is_last else None
         choice = plan_grid(bound.statement.variables, sizes, tuple(sub for _, sub in reads), last.output, nprocs,
                            tile=tile, sources=tuple(layouts[name] for name, _ in reads), target=target)
         for name, sub in reads:
@@ -193,11 +193,11 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
         layouts[last.name] = choice.layout(last.output, sizes, partial=True)
     if not d.steps:  # a single operand: the pre-pass makes the result where the operand is
         layouts["out"] = mode_layout(inputs, shape_of(d.output), nprocs)
-    final = mode_layout(output, shape_of(d.output), nprocs)
+    final = mode_layout(result, shape_of(d.output), nprocs)
     src = layouts["out"]
     if not _holds_blocks(src, final, nprocs):
-        phase = "gather" if output != "distributed" else "reduce" if src.partial else "redistribute"
+        phase = "gather" if result != "distributed" else "reduce" if src.partial else "redistribute"
         schedule.append(Move("out", phase, src, final, nprocs, made_by.get("out")))
-    return Plan(d, int(nprocs), dtype, memory, inputs, output, analysis, tuple(groups), entry, final,
+    return Plan(d, int(nprocs), dtype, memory, inputs, result, analysis, tuple(groups), entry, final,
                 tuple(schedule))
 

@@ -74,6 +74,9 @@ def as_dtype(value) -> np.dtype:
     return dtype
 
 
+#: The modes an emitted script supports.
+SCRIPT_INPUTS, SCRIPT_RESULTS = ("global", "root"), ("all", "root")
+
 _PINNED: list = []  # non-empty once this process pinned its BLAS threads
 
 
@@ -139,7 +142,7 @@ class Program:
     dtype: np.dtype | None = None
     memory: int | None = None
     inputs: str = "global"
-    output: str = "all"
+    result: str = "all"
     threads: str | None = "auto"
     last_run: RunReport | None = field(default=None, init=False, repr=False)
     _runtimes: dict = field(default_factory=dict, init=False, repr=False)
@@ -157,7 +160,7 @@ class Program:
 
     # ---- planning and reports (pure, no MPI) ---------------------------------------------------
     def plan(self, shapes: Sequence[Sequence[int]] | None = None, nprocs: int | None = None, dtype=None,
-             inputs: str | None = None, output: str | None = None) -> Plan:
+             inputs: str | None = None, result: str | None = None) -> Plan:
         """The plan for these shapes, ranks, dtype and entry/exit layouts (cached)."""
         shapes = self.shapes if shapes is None else tuple(tuple(int(n) for n in s) for s in shapes)
         if shapes is None:
@@ -167,7 +170,7 @@ class Program:
             raise DeinsumError("the number of ranks is unknown: pass nprocs")
         dtype = as_dtype(dtype if dtype is not None else self.dtype if self.dtype is not None else np.float64)
         return _plan(self.equation, shapes, int(nprocs), dtype, self.memory, inputs or self.inputs,
-                     output or self.output)
+                     result or self.result)
 
     def analysis(self, nprocs: int | None = None):
         """SOAP bounds and fusion: symbolic without shapes, numeric and parallel with them."""
@@ -177,7 +180,7 @@ class Program:
         return analyze(self.decomposition, S=self.memory, P=p)
 
     def report(self, format: str = "text", nprocs: int | None = None, inputs: str | None = None,
-               output: str | None = None) -> str:
+               result: str | None = None) -> str:
         """The bounds report (``text``, ``latex`` or ``json``) followed, with shapes and P, by the plan."""
         a = self.analysis(nprocs)
         if format == "latex":
@@ -186,19 +189,26 @@ class Program:
             import json
             data = a.to_dict()
             if self.shapes is not None and (nprocs or self.nprocs):
-                plan = self.plan(nprocs=nprocs, inputs=inputs, output=output)
+                plan = self.plan(nprocs=nprocs, inputs=inputs, result=result)
                 data["received_bytes_per_rank"] = plan.received_bytes().tolist()
             return json.dumps(data, indent=2, default=str)
         if format != "text":
             raise DeinsumError(f"report format {format!r}: expected text, latex or json")
         text = str(a)
         if self.shapes is not None and (nprocs or self.nprocs):
-            text += "\n\n" + str(self.plan(nprocs=nprocs, inputs=inputs, output=output))
+            text += "\n\n" + str(self.plan(nprocs=nprocs, inputs=inputs, result=result))
         return text
 
-    def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None) -> Path:
-        """Write a standalone mpi4py program (inputs and result on rank 0); atomic write."""
-        plan = self.plan(nprocs=nprocs, dtype=dtype, inputs="root", output="root")
+    def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None, inputs: str | None = None,
+                  result: str | None = None) -> Path:
+        """Write a standalone mpi4py program; atomic write. Its inputs start (and its result ends) as
+        ``inputs`` and ``result`` say, by default as compiled: 'global' or 'root', 'all' or 'root'."""
+        inputs, result = inputs or self.inputs, result or self.result
+        if inputs not in SCRIPT_INPUTS or result not in SCRIPT_RESULTS:
+            raise DeinsumError(f"inputs={inputs!r}, result={result!r}: an emitted script reads whole inputs and "
+                               f"returns the whole result (inputs {' or '.join(SCRIPT_INPUTS)}, "
+                               f"result {' or '.join(SCRIPT_RESULTS)})")
+        plan = self.plan(nprocs=nprocs, dtype=dtype, inputs=inputs, result=result)
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(generate(plan))
@@ -211,16 +221,16 @@ class Program:
         return [layout.block(rank) for layout in plan.entry]
 
     # ---- running -----------------------------------------------------------------------------------
-    def __call__(self, *arrays, comm=None, inputs: str | None = None, output: str | None = None):
-        """Run on ``comm`` (default COMM_WORLD); returns the result as ``output`` asks."""
+    def __call__(self, *arrays, comm=None, inputs: str | None = None, result: str | None = None):
+        """Run on ``comm`` (default COMM_WORLD); returns the result as ``result`` asks."""
         from mpi4py import MPI
         comm = MPI.COMM_WORLD if comm is None else comm
-        inputs, output = inputs or self.inputs, output or self.output
+        inputs, result = inputs or self.inputs, result or self.result
         nops = self.equation.partition("->")[0].count(",") + 1
         if len(arrays) != nops:
             raise DeinsumError(f"{self.equation!r} takes {nops} operands, got {len(arrays)}")
         shapes, dtype = self._shapes_and_dtype(arrays, comm, inputs)
-        plan = self.plan(shapes, comm.size, dtype, inputs, output)
+        plan = self.plan(shapes, comm.size, dtype, inputs, result)
         holds = inputs == "global" or inputs == "local" or comm.rank == 0
         operands = [np.asarray(a, dtype=dtype) if holds else None for a in arrays]
         if inputs == "local":
@@ -237,13 +247,13 @@ class Program:
             self._runtimes[key] = runtime_for(plan, comm)
         rt = self._runtimes[key]
         rt.reset()
-        result = run_schedule(rt, plan, operands)
+        out = run_schedule(rt, plan, operands)
         model = plan.model_bytes()[comm.rank]
         self.last_run = RunReport(comm.rank, dict(rt.clock.seconds), rt.log.bytes_sent, rt.log.bytes_received,
                                   *model)
-        if output == "distributed":
-            return DistributedResult(result, plan.exit, comm.rank)
-        return result
+        if result == "distributed":
+            return DistributedResult(out, plan.exit, comm.rank)
+        return out
 
     def close(self) -> None:
         """Free the communicators and datatypes kept across calls (collective: every rank calls it)."""
@@ -274,5 +284,5 @@ class Program:
 
 
 @lru_cache(maxsize=128)
-def _plan(equation, shapes, nprocs, dtype, memory, inputs, output) -> Plan:
-    return build_plan(decompose(equation, *shapes), nprocs, dtype, memory, inputs, output)
+def _plan(equation, shapes, nprocs, dtype, memory, inputs, result) -> Plan:
+    return build_plan(decompose(equation, *shapes), nprocs, dtype, memory, inputs, result)

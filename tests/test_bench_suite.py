@@ -3,7 +3,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
 from mpirun import run_mpi_script
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -33,7 +32,7 @@ def test_artifact_grids_where_benchmarks_md_lists_them():
 def test_model_row_is_the_plan_and_the_artifact_volume_is_model_volumes():
     row = model_row("1MM", 8)
     n = 8192
-    plan = deinsum.compile("ij,jk->ik", (n, n), (n, n)).plan(nprocs=8, inputs="local", output="distributed")
+    plan = deinsum.compile("ij,jk->ik", (n, n), (n, n)).plan(nprocs=8, inputs="local", result="distributed")
     assert row.received_max == max(r for _, r in plan.model_bytes())
     assert row.grids == ["ijk=" + "x".join(map(str, plan.groups[0].grid.dims))]
     theirs = next(r for r in model_volume.rows(procs=(8,)) if r.kernel == "1MM")

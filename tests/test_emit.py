@@ -16,7 +16,7 @@ from suite import SUITE, shapes_for
 
 EMIT_P = [1, 3, 4, 8]
 SCRIPT_CASES = [(eq, shapes_for(eq, sizes)) for eq, sizes in SUITE.values()] + random_einsums(200, seed=11)
-#: The default run: the suite and 14 random einsums (case n has dtype n % 4: every dtype several times).
+#: The default run: the suite and 14 random einsums (every dtype with every supported pair of modes).
 SUBSET = SCRIPT_CASES[:len(SUITE) + 14]
 
 # Runs every emitted script's own code (script_main, run) inside one launch per P.
@@ -46,9 +46,11 @@ if comm.rank == 0:
 
 def check_scripts(nprocs, cases, tmp_path):
     paths = []
-    for n, (eq, shapes) in enumerate(cases):
+    for n, (eq, shapes) in enumerate(cases):   # the first 16 cases take every (dtype, modes) pair
         dtype = [np.float64, np.float32, np.complex128, np.complex64][n % 4]
-        paths.append(str(deinsum.compile(eq, *shapes, dtype=dtype).to_script(tmp_path / f"p{n}.py", nprocs=nprocs)))
+        inputs, result = [("root", "root"), ("global", "all"), ("root", "all"), ("global", "root")][n // 4 % 4]
+        prog = deinsum.compile(eq, *shapes, dtype=dtype, inputs=inputs, result=result)
+        paths.append(str(prog.to_script(tmp_path / f"p{n}.py", nprocs=nprocs)))
     (tmp_path / "paths.json").write_text(json.dumps(paths))
     (tmp_path / "driver.py").write_text(DRIVER)
     res = run_mpi_script(nprocs, tmp_path / "driver.py", str(tmp_path / "paths.json"), timeout=900)
@@ -80,7 +82,7 @@ def test_standalone_script_runs_under_mpiexec(name, tmp_path):
         inputs.append(str(tmp_path / f"x{n}.npy"))
     out = tmp_path / "out.npy"
     size_arg = ",".join(f"{c}={n}" for c, n in sizes.items())
-    res = run_mpi_script(3, script, "--size", size_arg, "--inputs", *inputs, "--output", str(out),
+    res = run_mpi_script(3, script, "--size", size_arg, "--load", *inputs, "--save", str(out),
                          "--validate", "--repeat", "3", timeout=120)
     assert res.returncode == 0, res.stderr
     assert "validate: OK" in res.stdout and "measured bytes == model" in res.stdout
@@ -109,8 +111,8 @@ def test_bad_input_file_fails_clearly(tmp_path):
     script = deinsum.compile("ij,jk->ik", (6, 5), (5, 4)).to_script(tmp_path / "p.py", nprocs=2)
     np.save(tmp_path / "a.npy", np.zeros((6, 5)))
     np.save(tmp_path / "b.npy", np.zeros((5, 3)))
-    res = run_mpi_script(2, script, "--inputs", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
-                         "--output", str(tmp_path / "o.npy"), timeout=60)
+    res = run_mpi_script(2, script, "--load", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+                         "--save", str(tmp_path / "o.npy"), timeout=60)
     assert res.returncode == 2 and "must have shape (5, 4)" in res.stderr
     assert not (tmp_path / "o.npy").exists()
 
@@ -153,6 +155,14 @@ def test_unicode_program_runs(tmp_path):
     assert "validate: OK" in res.stdout
 
 
+def test_scripts_take_whole_inputs_and_return_the_whole_result(tmp_path):
+    prog = deinsum.compile("ij,jk->ik", (2, 3), (3, 4), inputs="local", result="distributed")
+    with pytest.raises(DeinsumError, match="inputs='local', result='distributed': an emitted script reads whole"):
+        prog.to_script(tmp_path / "p.py", nprocs=2)
+    text = prog.to_script(tmp_path / "p.py", nprocs=2, inputs="global", result="root").read_text()
+    assert "INPUTS = 'global'" in text and "RESULT = 'root'" in text
+
+
 def test_script_write_is_atomic_on_error(tmp_path):
     target = tmp_path / "p.py"
     with pytest.raises(DeinsumError):
@@ -161,7 +171,8 @@ def test_script_write_is_atomic_on_error(tmp_path):
 
 
 def test_emitted_script_is_valid_python_and_readable(tmp_path):
-    path = deinsum.compile("ijk,ja,ka->ia", (8, 9, 10), (9, 4), (10, 4)).to_script(tmp_path / "p.py", nprocs=8)
+    prog = deinsum.compile("ijk,ja,ka->ia", (8, 9, 10), (9, 4), (10, 4))
+    path = prog.to_script(tmp_path / "p.py", nprocs=8, inputs="root", result="root")
     text = path.read_text()
     compile(text, str(path), "exec")
     # a listing: one function per group, named collectives on named communicators

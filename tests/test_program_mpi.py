@@ -27,7 +27,7 @@ for n, (eq, shapes) in enumerate(cases):
     arrays = [np.asarray(rng.uniform(-1, 1, s), dtype=dtype) for s in shapes]
     want = np.einsum(eq, *arrays)
     tol = 1e-4 if dtype in (np.float32, np.complex64) else 1e-10
-    inputs, output = modes[n % 3]
+    inputs, result = modes[n % 3]
     prog = deinsum.compile(eq, *shapes, dtype=dtype)
     if inputs == "local" and prog.decomposition.prepass:
         inputs = "global"
@@ -38,17 +38,17 @@ for n, (eq, shapes) in enumerate(cases):
         args = arrays if comm.rank == 0 else [None] * len(arrays)
     else:
         args = arrays
-    got = prog(*args, inputs=inputs, output=output)
+    got = prog(*args, inputs=inputs, result=result)
     runs += 1
-    if output == "distributed":
+    if result == "distributed":
         block = got.block
         got, want = (None, None) if block is None else (got.local, want[block])
-    elif output == "root" and comm.rank != 0:
+    elif result == "root" and comm.rank != 0:
         got, want = None, None
     if got is not None:
         scale = np.max(np.abs(want), initial=0) + 1
         if np.shape(got) != np.shape(want) or not np.allclose(got, want, rtol=tol, atol=tol * scale):
-            failures.append(f"{eq} {shapes} {inputs}->{output}: wrong values on rank {comm.rank}")
+            failures.append(f"{eq} {shapes} {inputs}->{result}: wrong values on rank {comm.rank}")
     if not prog.last_run.matches_model:
         failures.append(f"{eq} {shapes}: bytes {prog.last_run} != model")
 failures = comm.gather(failures, root=0)
@@ -87,12 +87,12 @@ import deinsum
 comm = MPI.COMM_WORLD
 shapes = [(30, 20), (20, 10), (10, 5)]
 prog = deinsum.compile("ij,jk,kl->il", *shapes)
-plan = prog.plan(nprocs=comm.size, inputs="local", output="distributed")
+plan = prog.plan(nprocs=comm.size, inputs="local", result="distributed")
 assert any(e.comm.name == "grid0_sum" for m in plan.moves for e in m.exchanges), "expected a reduce-scatter on a Cart_sub"
 rng = np.random.default_rng(1)
 arrays = [rng.standard_normal(s) for s in shapes]
 blocks = prog.input_blocks(comm.rank, comm.size)
-got = prog(*[a[b] for a, b in zip(arrays, blocks)], inputs="local", output="distributed")
+got = prog(*[a[b] for a, b in zip(arrays, blocks)], inputs="local", result="distributed")
 want = np.einsum("ij,jk,kl->il", *arrays)
 if got.block is not None:
     assert np.allclose(got.local, want[got.block])

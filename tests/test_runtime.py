@@ -41,12 +41,12 @@ rng = np.random.default_rng(1)
 arrays = [rng.standard_normal(s) for s in shapes]
 want = np.einsum("ij,jk,kl->il", *arrays)
 with deinsum.compile("ij,jk,kl->il", *shapes) as prog:
-    plan = prog.plan(nprocs=comm.size, inputs="local", output="distributed")
+    plan = prog.plan(nprocs=comm.size, inputs="local", result="distributed")
     assert any(e.comm.name != "world" for m in plan.moves for e in m.exchanges), "expected a Cart_sub"
     blocks = [a[b] for a, b in zip(arrays, prog.input_blocks(comm.rank, comm.size))]
     counts, rss = [], []
     for call in range(200):
-        got = prog(*blocks, inputs="local", output="distributed")
+        got = prog(*blocks, inputs="local", result="distributed")
         assert prog.last_run.matches_model, (call, prog.last_run)
         if got.block is not None:
             assert np.allclose(got.local, want[got.block])

@@ -44,18 +44,22 @@ def check_sizes(options, planned):
                                    f"emit it again for other sizes")
 
 
+STARTS = {"global": "on every rank", "root": "on rank 0"}
+ENDS = {"all": "on every rank", "root": "on rank 0"}
+
+
 def load_operands(paths, shapes, dtype):
-    """Load ``.npy`` inputs on the root rank and check their shapes."""
+    """Load ``.npy`` inputs and check their shapes."""
     if len(paths) != len(shapes):
-        raise ProgramError(f"--inputs takes {len(shapes)} files, got {len(paths)}")
+        raise ProgramError(f"--load takes {len(shapes)} files, got {len(paths)}")
     out = []
     for n, (path, shape) in enumerate(zip(paths, shapes)):
         try:
             x = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise ProgramError(f"--inputs {path}: cannot read ({exc})") from None
+            raise ProgramError(f"--load {path}: cannot read ({exc})") from None
         if x.shape != tuple(shape):
-            raise ProgramError(f"--inputs {path}: operand {n} must have shape {tuple(shape)}, not {x.shape}")
+            raise ProgramError(f"--load {path}: operand {n} must have shape {tuple(shape)}, not {x.shape}")
         out.append(x.astype(dtype, copy=False))
     return out
 
@@ -85,8 +89,9 @@ def script_main(ns, argv=None):
     comm = MPI.COMM_WORLD
     parser = argparse.ArgumentParser(description=f"deinsum program for {ns['EQUATION']!r} on {ns['NPROCS']} ranks")
     parser.add_argument("--size", action="append", default=[], help="check planned sizes, e.g. i=64,j=32")
-    parser.add_argument("--inputs", nargs="+", default=None, help=".npy files, one per operand (read on rank 0)")
-    parser.add_argument("--output", default=None, help="write the result to this .npy file (rank 0)")
+    parser.add_argument("--load", nargs="+", default=None, metavar="NPY",
+                        help=f".npy files, one per operand (read {STARTS[ns['INPUTS']]}; default random)")
+    parser.add_argument("--save", default=None, metavar="NPY", help="write the result to this .npy file (rank 0)")
     parser.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0")
     parser.add_argument("--repeat", type=int, default=1, help="run K times; report median [min, max]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
@@ -99,9 +104,9 @@ def script_main(ns, argv=None):
         if args.repeat < 1:
             raise ProgramError("--repeat must be >= 1")
         operands = None
-        if comm.rank == 0:
-            if args.inputs:
-                operands = load_operands(args.inputs, ns["INPUT_SHAPES"], ns["DTYPE"])
+        if comm.rank == 0 or ns["INPUTS"] == "global":
+            if args.load:
+                operands = load_operands(args.load, ns["INPUT_SHAPES"], ns["DTYPE"])
             else:
                 operands = random_operands(ns["INPUT_SHAPES"], ns["DTYPE"], args.seed)
         error = None
@@ -133,9 +138,9 @@ def script_main(ns, argv=None):
             print(f"validate: {'OK' if ok else 'MISMATCH'} (max abs error "
                   f"{float(np.max(np.abs(result - want), initial=0)):.3g})")
             status = 0 if ok else 1
-        if args.output:
-            save_atomically(args.output, result)
-            print(f"wrote {args.output}")
+        if args.save:
+            save_atomically(args.save, result)
+            print(f"wrote {args.save}")
     return comm.bcast(status, root=0)
 
 
@@ -148,7 +153,7 @@ def report(comm, ns, runs, threads):
         return
     blas = "unpinned (no threadpoolctl)" if threads is None else f"{threads} BLAS thread(s) per rank"
     print(f"deinsum program {ns['EQUATION']!r}: {ns['NPROCS']} ranks, {blas}, dtype {ns['DTYPE']}, "
-          f"{len(runs)} run(s); inputs start on rank 0, result gathered to rank 0 (both timed)")
+          f"{len(runs)} run(s); inputs start {STARTS[ns['INPUTS']]}, result ends {ENDS[ns['RESULT']]} (both timed)")
     print(f"  total        {summarize(totals)} s")
     for phase in PHASES:
         samples = [r[1].get(phase, 0.0) for r in runs]
