@@ -38,8 +38,9 @@ class Communicator:
     """Where an exchange runs: every rank (``group`` None), or the ``Cart_sub`` keeping grid dims ``remain``
     of group ``group``'s Cartesian grid ``grid`` (``Create_cart(grid, reorder=False)`` of the world).
 
-    >>> Communicator((2, 3), (1,), group=0).rank_of(4), Communicator((2, 3), (1,), group=0).rank_of(6)
-    (1, None)
+    >>> sums = Communicator((2, 3), (1,), group=0)
+    >>> sums.rank_of(4), sums.color(4), sums.rank_of(6)
+    (1, 1, None)
     """
 
     grid: tuple[int, ...] = ()
@@ -51,24 +52,26 @@ class Communicator:
         """``world``, or ``grid<g>_sum``: the ranks of group g's grid that hold partial sums of one block."""
         return "world" if self.group is None else f"grid{self.group}_sum"
 
-    def coords(self, rank: int) -> tuple[int, ...] | None:
-        if rank >= math.prod(self.grid):
-            return None
-        return tuple(int(c) for c in np.unravel_index(rank, self.grid)) if self.grid else ()
+    @cached_property
+    def _numbering(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per rank of the grid: its rank in its sub-communicator, and which sub-communicator (C order)."""
+        coords = np.unravel_index(np.arange(math.prod(self.grid)), self.grid)
+        others = tuple(d for d in range(len(self.grid)) if d not in self.remain)
+
+        def ravel(dims):
+            return np.ravel_multi_index(tuple(coords[d] for d in dims), tuple(self.grid[d] for d in dims))
+
+        return ravel(self.remain), ravel(others)
 
     def rank_of(self, rank: int) -> int | None:
         """World ``rank``'s rank in this communicator (None: not in it)."""
         if self.group is None:
             return rank
-        coords = self.coords(rank)
-        if coords is None:
-            return None
-        return int(np.ravel_multi_index([coords[d] for d in self.remain], [self.grid[d] for d in self.remain]))
+        return int(self._numbering[0][rank]) if rank < math.prod(self.grid) else None
 
-    def color(self, rank: int) -> tuple[int, ...] | None:
-        """Which of the sub-communicators ``rank`` is in: its coordinates on the other grid dims."""
-        coords = self.coords(rank)
-        return None if coords is None else tuple(c for d, c in enumerate(coords) if d not in self.remain)
+    def color(self, rank: int) -> int | None:
+        """Which of the sub-communicators ``rank`` is in (C order of its coordinates on the other grid dims)."""
+        return int(self._numbering[1][rank]) if rank < math.prod(self.grid) else None
 
 
 WORLD = Communicator()

@@ -64,8 +64,10 @@ def generate(plan) -> str:
     d = plan.decomposition
     nprocs = plan.nprocs
     moves = plan.moves
-    tables = [(m.phase, m.label, [[m.table(r)[s] for r in range(nprocs)] for s in range(len(m.exchanges))])
-              for m in moves]
+    tables = []
+    for m in moves:
+        per_rank = [m.table(r) for r in range(nprocs)]
+        tables.append((m.phase, m.label, [[t[s] for t in per_rank] for s in range(len(m.exchanges))]))
     shapes = [tuple(d.sizes[c] for c in s) for s in d.raw_subscripts]
     sizes = {c: d.sizes[c] for c in sorted(set("".join(d.raw_subscripts)))}
     header = [
