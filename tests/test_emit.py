@@ -31,7 +31,8 @@ for path in paths:
     ns = {"__name__": "emitted"}
     exec(compile(open(path).read(), path, "exec"), ns)
     status = ns["script_main"](ns, ["--validate", "--seed", "3"])
-    operands = ns["random_operands"](ns["INPUT_SHAPES"], ns["DTYPE"], 3) if comm.rank == 0 else [None] * len(ns["INPUT_SHAPES"])
+    holds = comm.rank == 0 or ns["INPUTS"] == "global"
+    operands = ns["random_operands"](ns["INPUT_SHAPES"], ns["DTYPE"], 3) if holds else [None] * len(ns["INPUT_SHAPES"])
     with ns["script_runtime"](ns, comm) as rt:
         ns["run"](rt, *operands)
     model = ns["MODEL_BYTES"][comm.rank]
@@ -175,13 +176,26 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
     path = prog.to_script(tmp_path / "p.py", nprocs=8, inputs="root", result="root")
     text = path.read_text()
     compile(text, str(path), "exec")
-    # a listing: one function per group, named collectives on named communicators
-    for line in ['"""ja,ka->jka; ijk,jka->ia on grid 0 (i=4, j=1, k=2, a=1), 8 rank(s)."""',
-                 "in1 = rt.broadcast(in1, move=0, comm=rt.world)", "in0 = rt.scatter(in0, move=2, comm=rt.world)",
-                 "if rt.member(GRID0):", "t0 = rt.contract(in1, in2, 'ja', 'ka', 'jka')  # KRP",
-                 "grid0_sum = rt.cart_sub(GRID0, remain=(2,))", "out = rt.reduce_scatter(out, move=3, comm=grid0_sum)",
-                 "out = rt.gather(out, move=3, step=1, comm=rt.world)"]:
-        assert line in text, line
+    # a listing of the schedule, in its order: per group a function, then named collectives on named communicators
+    plan = prog.plan(nprocs=8, inputs="root", result="root")
+    (group,) = plan.groups
+    dims = ", ".join(f"{c}={p}" for c, p in zip(group.indices, group.grid.dims))
+    lines = [f"def group0(rt, {', '.join(name for name, _ in group.reads)}):",
+             f'    """ja,ka->jka; ijk,jka->ia on grid 0 ({dims}), 8 rank(s)."""']
+    for k, move in enumerate(plan.moves):
+        if move.tensor == "out":
+            lines.append("def run(rt, in0, in1, in2):")
+        for s, e in enumerate(move.exchanges):
+            comm = "rt.world" if e.comm.group is None else e.comm.name
+            if comm != "rt.world":
+                lines.append(f"    {comm} = rt.cart_sub(GRID0, remain={e.comm.remain!r})")
+            lines.append(f"    {move.tensor} = rt.{e.kind}({move.tensor}, move={k}{f', step={s}' if s else ''}, comm={comm})")
+        if k == len(plan.moves) - 2:
+            lines += ["    if rt.member(GRID0):", "        t0 = rt.contract(in1, in2, 'ja', 'ka', 'jka')  # KRP"]
+    listing = text[text.index(END):]
+    where = [listing.find("\n" + line + "\n") for line in lines]
+    assert -1 not in where and where == sorted(where), [line for line, at in zip(lines, where) if at < 0]
+    assert any(e.comm.name == "grid0_sum" for m in plan.moves for e in m.exchanges)   # MTTKRP's partial sums
     # the runtime is one delimited block, equal to the modules it is made of
     assert text.count(BEGIN) == text.count(END) == 1
     block = text[text.index(BEGIN):text.index(END) + len(END)]
