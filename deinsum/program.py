@@ -116,9 +116,10 @@ def run_schedule(rt: Runtime, plan: Plan, operands: Sequence) -> np.ndarray | No
     tensors = dict(zip(d.input_names, operands))
     for s in d.prepass:
         tensors[s.name] = rt.unary(tensors[s.operands[0]], s.subscripts[0], s.output)
+    moves = iter(range(len(plan.moves)))
     for item in plan.schedule:
         if isinstance(item, Move):
-            k = plan.moves.index(item)
+            k = next(moves)
             for step, e in enumerate(item.exchanges):
                 comm = rt.world if e.comm.group is None else rt.cart_sub(e.comm.grid, e.comm.remain)
                 tensors[item.tensor] = rt.move(e.kind, tensors[item.tensor], k, step, comm)
