@@ -10,27 +10,30 @@ from __future__ import annotations
 from .decompose import Decomposition, Step, decompose
 from .errors import DeinsumError
 
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memory: int | None = None,
-            inputs: str = "global", output: str = "all", threads: str | None = "auto", layouts: dict | None = None):
+            inputs: str = "global", result: str = "all", threads: str | None = "auto", layouts: dict | None = None):
     """Compile ``equation`` into a :class:`~deinsum.program.Program`.
 
     With ``shapes`` it plans concretely; without, it is parametric and plans (and
     caches) per distinct shapes and number of ranks at call time. ``memory`` is
     the local memory per rank in elements (for the SOAP bounds). ``inputs`` says
     where operands start ('global' on every rank, 'root' on rank 0, 'local'
-    blocks); ``output`` where the result goes ('all', 'root', 'distributed').
+    blocks); ``result`` where the result ends ('all', 'root', 'distributed').
+    The defaults, global and all, are those of every entry point (calls, plans,
+    reports, emitted scripts and the command line) unless one is given.
     ``threads='auto'`` pins BLAS threads at the first run so that ranks per node
     x threads = cores (threadpoolctl); ``None`` leaves them alone. ``layouts``
-    pins the layout of inputs (``"in0"``, ...) or the result (``"out"``): a
-    :class:`~deinsum.layout.Layout` or ``"even"``; the plan is built around them.
-    Unpinned ``'local'`` inputs and a ``'distributed'`` result get the layouts
-    the planner chooses (see ``Program.input_blocks``).
+    pins the layout of inputs (``"in0"`` or ``0``, ...) or of a distributed result
+    (``"out"``): a :class:`~deinsum.layout.Layout` or ``"even"``; the plan is built
+    around them. Unpinned ``'local'`` inputs and a ``'distributed'`` result get the
+    layouts the planner chooses (see ``Program.input_blocks``). Use the program
+    as a context manager (or call ``close()``) to free its MPI objects.
     """
     from .program import Program
-    return Program(equation, tuple(shapes) if shapes else None, nprocs, dtype, memory, inputs, output, threads,
+    return Program(equation, tuple(shapes) if shapes else None, nprocs, dtype, memory, inputs, result, threads,
                    layouts)
 
 

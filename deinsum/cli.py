@@ -13,8 +13,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import __version__
 from .errors import DeinsumError
+from .version import __version__
+
+
+#: Modes of every command (one set, one default: those of deinsum.compile).
+INPUTS, RESULTS = ("global", "root", "local"), ("all", "root", "distributed")
 
 
 def parse_sizes(options: list[str]) -> dict[str, int]:
@@ -51,7 +55,8 @@ def shapes_from_sizes(equation: str, sizes: dict[str, int]) -> list[tuple[int, .
 def _program(args, nprocs=None):
     from . import compile as compile_einsum
     shapes = shapes_from_sizes(args.equation, parse_sizes(args.size)) if args.size else []
-    return compile_einsum(args.equation, *shapes, nprocs=nprocs, dtype=args.dtype, memory=args.memory)
+    return compile_einsum(args.equation, *shapes, nprocs=nprocs, dtype=args.dtype, memory=args.memory,
+                          inputs=args.inputs, result=args.result)
 
 
 def cmd_bound(args) -> int:
@@ -64,14 +69,14 @@ def cmd_plan(args) -> int:
     if not args.size:
         raise DeinsumError("plan needs sizes: --size i=...,j=...")
     prog = _program(args, args.nprocs)
-    print(prog.report("json" if args.json else "text", nprocs=args.nprocs, inputs=args.inputs, output=args.output))
+    print(prog.report("json" if args.json else "text", nprocs=args.nprocs))
     return 0
 
 
 def cmd_emit(args) -> int:
     if not args.size:
         raise DeinsumError("emit needs sizes: --size i=...,j=...")
-    path = _program(args, args.nprocs).to_script(args.output)
+    path = _program(args, args.nprocs).to_script(args.script)
     print(f"wrote {path} (run: mpiexec -n {args.nprocs} python -m mpi4py {path} --validate)")
     return 0
 
@@ -109,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--size", action="append", default=[], help="index sizes, e.g. i=1024,j=512 (repeatable)")
         p.add_argument("--dtype", default="float64", help="element type (default float64)")
         p.add_argument("--memory", type=int, default=None, help="local memory per rank, in elements (SOAP S)")
+        p.add_argument("--inputs", choices=INPUTS, default="global",
+                       help="where the inputs start: on every rank (global, default), on rank 0, or local blocks")
+        p.add_argument("--result", choices=RESULTS, default="all",
+                       help="where the result ends: on every rank (all, default), on rank 0, or distributed")
         if ranks_flag:
             p.add_argument(*ranks_flag, dest="nprocs", type=int, required=ranks_required, default=None,
                            help="number of MPI ranks")
@@ -122,12 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("plan", cmd_plan, "groups, grids, layouts and bytes per rank for P ranks (no MPI needed)",
                 ("-P", "--nprocs"), True)
     p.add_argument("--json", action="store_true", help="JSON data")
-    p.add_argument("--inputs", choices=("local", "root", "global"), default="local",
-                   help="where inputs start: evenly distributed (default), on rank 0, or on every rank")
-    p.add_argument("--output", choices=("distributed", "root", "all"), default="distributed",
-                   help="where the result ends: evenly distributed (default), on rank 0, or on every rank")
     e = command("emit", cmd_emit, "write a standalone mpi4py program", ("-P", "--nprocs"), True)
-    e.add_argument("-o", "--output", required=True, help="the program file to write")
+    e.add_argument("-o", "--script", required=True, help="the program file to write")
     r = command("run", cmd_run, "emit the program and run it under mpiexec", ("-n", "--nprocs"), True)
     r.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0")
     r.add_argument("--repeat", type=int, default=3, help="runs to time (median [min, max])")

@@ -9,10 +9,6 @@ opt_einsum, using the real sizes when given.
 >>> d = decompose("ijk,ja,ka->ia", (8, 9, 10), (9, 4), (10, 4))
 >>> [(s.operation, s.kind) for s in d.steps]
 [('ja,ka->jka', 'KRP'), ('ijk,jka->ia', 'TDOT')]
->>> import numpy as np
->>> x, a, b = (np.ones(s) for s in [(8, 9, 10), (9, 4), (10, 4)])
->>> float(execute(d, x, a, b)[0, 0])
-90.0
 """
 from __future__ import annotations
 
@@ -20,10 +16,8 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Mapping, Sequence
 
-import numpy as np
 import opt_einsum
 
-from .codegen.kernels import contract_pair, unary
 from .errors import DeinsumError
 
 #: Size assumed for every index when planning without shapes (symbolic plans).
@@ -344,23 +338,3 @@ def decompose(equation: str, *shapes: Sequence[int], optimize: str = "auto") -> 
     assumption = None if sizes is not None else f"contraction order planned with every index of size {SYMBOLIC_SIZE}"
     return Decomposition(parsed.equation, parsed.subscripts, tuple(names), tuple(subs), parsed.output,
                          sizes, tuple(pre), tuple(steps), assumption, naive)
-
-
-def execute(decomposition: Decomposition, *operands) -> np.ndarray:
-    """Run a decomposition sequentially with numpy (BLAS via tensordot/matmul).
-
-    The distributed runtime calls the same kernels on local blocks.
-    """
-    arrays = [np.asarray(x) for x in operands]
-    if len(arrays) != len(decomposition.raw_subscripts):
-        raise DeinsumError(f"{decomposition.equation!r} takes {len(decomposition.raw_subscripts)} operands, "
-                           f"got {len(arrays)}")
-    tensors = {f"in{n}": a for n, a in enumerate(arrays)}
-    dtype = np.result_type(*arrays) if arrays else np.float64
-    for step in decomposition.prepass + decomposition.steps:
-        args = [tensors[o] for o in step.operands]
-        if len(args) == 1:
-            tensors[step.name] = unary(args[0], step.subscripts[0], step.output)
-        else:
-            tensors[step.name] = contract_pair(*args, *step.subscripts, step.output)
-    return np.asarray(tensors["out"], dtype=dtype)

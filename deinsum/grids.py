@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from deinsum.errors import DeinsumError
-from deinsum.layout import Layout, block_range, check_count, max_power, ordered_factorisations, prime_factors
+from deinsum.layout import Layout, block_range, max_power, ordered_factorisations, prime_factors
 
 __all__ = ["GridChoice", "candidate_grids", "estimate_words", "tile_distance", "GridComms", "make_communicators"]
 

@@ -23,12 +23,13 @@ from .decompose import Decomposition, Step
 from .errors import DeinsumError
 from .grids import GridChoice, candidate_grids, estimate_words, tile_distance
 from .layout import Layout
-from .redistribute import Redistribution, plan_redistribution, received_words, sample_ranks
+from .redistribute import received_words, sample_ranks
+from .schedule import Compute, Move
 from .soap import analyze, parallel_bound
 
 INPUT_MODES = {"global": "global arrays on every rank", "root": "global arrays on rank 0",
                "local": "each rank holds one block, no replication; the planner chooses the layout"}
-OUTPUT_MODES = {"all": "whole result on every rank", "root": "whole result on rank 0",
+RESULT_MODES = {"all": "whole result on every rank", "root": "whole result on rank 0",
                 "distributed": "each rank holds one block, no replication; the planner chooses the layout"}
 #: The search plans at most this many fusion candidates (best first by the SOAP analysis).
 MAX_PARTITIONS = 16
@@ -71,80 +72,6 @@ class GroupPlan:
 
 
 @dataclass(frozen=True)
-class Move:
-    """A planned redistribution of one tensor from ``src`` to ``dst`` layout on ``nprocs`` ranks.
-
-    The per-rank exchange tables are built on first use (running or emitting);
-    the volume model answers reports for any number of ranks without them.
-    """
-
-    tensor: str
-    phase: str
-    src: Layout
-    dst: Layout
-    nprocs: int
-
-    @cached_property
-    def redistribution(self) -> Redistribution:
-        return plan_redistribution(self.src, self.dst, self.nprocs)
-
-    @cached_property
-    def words_received(self) -> np.ndarray:
-        """Modeled words each rank receives (vectorised; equal to the tables' counts)."""
-        return received_words(self.src, self.dst, self.nprocs)
-
-    @cached_property
-    def phases(self) -> tuple[tuple[tuple[int, ...] | None, tuple], ...]:
-        """Per phase: the source-grid dims its communicator spans (None: all ranks), and every rank's
-        one-phase table with peers numbered in that communicator.
-
-        A reduce-scatter of partial sums that stays inside each reduction group runs on that
-        group's ``Cart_sub`` communicator (remain = ``src.partial``) instead of on all ranks.
-        """
-        tables = [self.redistribution.table(r) for r in range(self.nprocs)]
-        phases = []
-        for k in range(len(tables[0])):
-            per_rank = [(t[k],) for t in tables]
-            dims = self.src.partial if k == 0 and len(tables[0]) == 2 else None
-            sub = _within_groups(per_rank, self.src, dims) if dims else None
-            phases.append((dims, sub) if sub is not None else (None, tuple(per_rank)))
-        return tuple(phases)
-
-    @property
-    def label(self) -> str:
-        return f"{self.tensor}: {self.phase}"
-
-
-def _within_groups(tables, layout: Layout, dims: tuple[int, ...]):
-    """``tables`` with peers renumbered inside ``Cart_sub(remain=dims)`` of ``layout.grid``,
-    or None when some rank talks outside its group."""
-    coords = [layout.coords(r) for r in range(len(tables))]
-    keep = [d for d in range(len(layout.grid)) if d not in dims]
-    sub_shape = [layout.grid[d] for d in dims]
-
-    def renumber(rank: int, peer: int) -> int:
-        if coords[peer] is None or [coords[peer][d] for d in keep] != [coords[rank][d] for d in keep]:
-            raise LookupError
-        return int(np.ravel_multi_index([coords[peer][d] for d in dims], sub_shape))
-
-    out = []
-    for rank, ((in_held, in_shape, out_held, out_shape, sends, recvs, ops),) in enumerate(tables):
-        try:
-            if coords[rank] is None:
-                if sends or recvs or ops:
-                    raise LookupError
-                out.append(tables[rank])
-                continue
-            out.append(((in_held, in_shape, out_held, out_shape,
-                         tuple((renumber(rank, p),) + tuple(rest) for p, *rest in sends),
-                         tuple((renumber(rank, p),) + tuple(rest) for p, *rest in recvs),
-                         tuple((renumber(rank, p),) + tuple(rest) for p, *rest in ops)),))
-        except LookupError:
-            return None
-    return tuple(out)
-
-
-@dataclass(frozen=True)
 class PlanBound:
     """The per-rank lower bound a plan is held against, in words.
 
@@ -173,12 +100,12 @@ class Plan:
     dtype: np.dtype
     memory: int
     inputs: str
-    output: str
+    result: str
     analysis: object
     groups: tuple[GroupPlan, ...]
     entry: tuple[Layout, ...]
     exit: Layout
-    schedule: tuple[tuple[str, object], ...]   # ("move", Move) | ("compute", GroupPlan), in order
+    schedule: tuple[Move | Compute, ...]   # in order
     pinned: tuple[str, ...] = ()
     bound: PlanBound | None = None
 
@@ -188,7 +115,7 @@ class Plan:
 
     @property
     def moves(self) -> tuple[Move, ...]:
-        return tuple(item for kind, item in self.schedule if kind == "move")
+        return tuple(item for item in self.schedule if isinstance(item, Move))
 
     def received_bytes(self) -> np.ndarray:
         """Modeled bytes every rank receives (from the volume model: fast for any number of ranks)."""
@@ -217,7 +144,7 @@ class Plan:
     def __str__(self) -> str:
         d, size = self.decomposition, self.dtype.itemsize
         lines = [f"deinsum plan for {d.equation!r} on {self.nprocs} rank(s), dtype {self.dtype.name}",
-                 f"  inputs: {INPUT_MODES[self.inputs]}; result: {OUTPUT_MODES[self.output]}"
+                 f"  inputs: {INPUT_MODES[self.inputs]}; result: {RESULT_MODES[self.result]}"
                  + (f"; pinned: {', '.join(self.pinned)}" if self.pinned else ""),
                  f"  memory per rank: {_human(self.memory * size)} ({self.memory:,} words of {size} B)",
                  str(d), ""]
@@ -275,7 +202,7 @@ class Plan:
                   "bytes_sent_per_rank": [m.redistribution.bytes_sent(r, size) for r in range(self.nprocs)]
                   if self.nprocs <= 4096 else None} for m in self.moves]
         return {"equation": self.equation, "nprocs": self.nprocs, "dtype": self.dtype.name,
-                "inputs": self.inputs, "output": self.output, "pinned": list(self.pinned),
+                "inputs": self.inputs, "result": self.result, "pinned": list(self.pinned),
                 "memory_bytes_per_rank": self.memory * size,
                 "entry": {n: layout(lay, s) for n, lay, s in zip(self.decomposition.input_names, self.entry,
                                                                   self.decomposition.input_subscripts)},
@@ -471,6 +398,7 @@ class _Planner:
         layouts, entry = dict(state.layouts), dict(state.entry)
         received, pending = state.received.copy(), state.pending.copy()
         items = list(state.items)
+        made_by = {item.output: item.index for kind, item in items if kind == "compute"}
         group_words = np.zeros(ranks.size, dtype=np.int64)
         for name, sub in _group_reads(group_steps):
             dst = choice.layout(sub, self.sizes, partial=False)
@@ -483,7 +411,7 @@ class _Planner:
                 phase = "distribute" if name in self.d.input_names else "reduce" if src.partial else "redistribute"
                 moved = self.words(src, dst, ranks)
                 group_words += moved
-                items.append(("move", Move(name, phase, src, dst, self.nprocs)))
+                items.append(("move", Move(name, phase, src, dst, self.nprocs, made_by.get(name))))
             layouts[name] = dst
         group = GroupPlan(number, group_steps, choice, _group_reads(group_steps), group_steps[-1].name,
                           group_steps[-1].output)
@@ -498,7 +426,7 @@ class _Planner:
                 received += self.words(produced, final, ranks)
                 phase = "gather" if self.finish is not None and self.finish.nranks < self.nprocs else (
                     "reduce" if produced.partial else "redistribute")
-                items.append(("move", Move("out", phase, produced, final, self.nprocs)))
+                items.append(("move", Move("out", phase, produced, final, self.nprocs, number)))
         elif produced.partial:
             pending += self.words(produced, self.home(Layout(produced.shape, produced.grid, produced.axes)), ranks)
         return _State(received, pending, tuple(layouts.items()), tuple(entry.items()), tuple(items))
@@ -530,12 +458,12 @@ def _group_volume(items, group_index: int) -> int:
 
 
 def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memory: int | None = None,
-               inputs: str = "local", output: str = "distributed",
+               inputs: str = "local", result: str = "distributed",
                layouts: Mapping[str, object] | None = None) -> Plan:
     """Plan ``decomposition`` on ``nprocs`` ranks (pure; no MPI needed).
 
-    ``inputs``/``output`` say where the operands start and the result ends (see
-    INPUT_MODES, OUTPUT_MODES); under ``"local"``/``"distributed"`` the planner
+    ``inputs``/``result`` say where the operands start and the result ends (see
+    INPUT_MODES, RESULT_MODES); under ``"local"``/``"distributed"`` the planner
     chooses each tensor's even, non-replicated layout. ``layouts`` pins the
     layout of any input (``"in0"`` or ``0``, ...) or of a distributed result
     (``"out"``): a :class:`Layout` or ``"even"``/``"replicated"``/``"root"``. Every fusion
@@ -550,8 +478,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     nprocs = int(nprocs)
     if inputs not in INPUT_MODES:
         raise DeinsumError(f"inputs={inputs!r}: expected one of {', '.join(INPUT_MODES)}")
-    if output not in OUTPUT_MODES:
-        raise DeinsumError(f"output={output!r}: expected one of {', '.join(OUTPUT_MODES)}")
+    if result not in RESULT_MODES:
+        raise DeinsumError(f"result={result!r}: expected one of {', '.join(RESULT_MODES)}")
     dtype = np.dtype(dtype)
     memory = default_memory(nprocs, dtype.itemsize) if memory is None else int(memory)
     pins = dict(pin_names(layouts))
@@ -571,10 +499,10 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
             starts[name] = pin_layout(pins[name], shape_of(sub), nprocs, name)
         else:
             starts[name] = None if inputs == "local" else mode_layout(inputs, shape_of(sub), nprocs)
-    if output != "distributed":                     # a pinned result layout is where a distributed result ends
+    if result != "distributed":                     # a pinned result layout is where a distributed result ends
         pins.pop("out", None)
     finish = (pin_layout(pins["out"], shape_of(d.output), nprocs, "out") if "out" in pins
-              else None if output == "distributed" else mode_layout(output, shape_of(d.output), nprocs))
+              else None if result == "distributed" else mode_layout(result, shape_of(d.output), nprocs))
     analysis = analyze(d, S=memory, P=nprocs) if d.steps else None
 
     if not d.steps:  # a single operand: the pre-pass makes the result where the operand is
@@ -582,8 +510,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
         src = mode_layout("local" if inputs == "local" else inputs, shape_of(d.output), nprocs)
         final = finish or Layout.even(shape_of(d.output), nprocs)
         schedule = () if _holds_blocks(src, final, nprocs) else (
-            ("move", Move("out", "gather" if finish is not None else "redistribute", src, final, nprocs)),)
-        return Plan(d, nprocs, dtype, memory, inputs, output, analysis, (), (start,), final, schedule,
+            Move("out", "gather" if finish is not None else "redistribute", src, final, nprocs),)
+        return Plan(d, nprocs, dtype, memory, inputs, result, analysis, (), (start,), final, schedule,
                     tuple(sorted(pins)), ())
 
     planner = _Planner(d, nprocs, starts, finish)
@@ -600,8 +528,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
                                                               f"candidate(s) x beam {BEAM_WIDTH}"),
                              g.reads, g.output, g.output_subscripts) for g in groups)
     by_index = {g.index: g for g in groups}
-    schedule = tuple((kind, by_index[item.index] if kind == "compute" else item) for kind, item in best.items)
-    plan = Plan(d, nprocs, dtype, memory, inputs, output, analysis, groups,
+    schedule = tuple(Compute(by_index[item.index]) if kind == "compute" else item for kind, item in best.items)
+    plan = Plan(d, nprocs, dtype, memory, inputs, result, analysis, groups,
                 tuple(entry[n] for n in d.input_names), entry["out"], schedule, tuple(sorted(pins)))
     states = {partition: state for _, partition, state in scored}
     states[scored[0][1]] = best

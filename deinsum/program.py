@@ -18,10 +18,13 @@ from typing import Sequence
 import numpy as np
 
 from .codegen.emit import generate
+from .codegen.kernels import contract_pair, unary
+from .codegen.runtime import Runtime, pin_blas_threads
 from .decompose import Decomposition, decompose
 from .errors import DeinsumError
-from .grids import Layout
+from .layout import Layout
 from .plan import Plan, build_plan, pin_names
+from .schedule import Move
 from .soap import analyze
 
 
@@ -71,15 +74,63 @@ def as_dtype(value) -> np.dtype:
     return dtype
 
 
+#: The modes an emitted script supports.
+SCRIPT_INPUTS, SCRIPT_RESULTS = ("global", "root"), ("all", "root")
+
 _PINNED: list = []  # non-empty once this process pinned its BLAS threads
 
 
-@lru_cache(maxsize=64)
-def _program(plan: Plan) -> dict:
-    """The namespace of the plan's program text (the same text ``to_script`` writes), executed once."""
-    namespace: dict = {"__name__": "deinsum_program"}
-    exec(compile(generate(plan), f"<deinsum program {plan.equation}>", "exec"), namespace)
-    return namespace
+def execute(decomposition: Decomposition, *operands) -> np.ndarray:
+    """Run a decomposition sequentially with numpy (BLAS via tensordot/matmul): the distributed runtime
+    calls the same kernels on local blocks.
+
+    >>> x, a, b = (np.ones(s) for s in [(8, 9, 10), (9, 4), (10, 4)])
+    >>> float(execute(decompose("ijk,ja,ka->ia", x.shape, a.shape, b.shape), x, a, b)[0, 0])
+    90.0
+    """
+    arrays = [np.asarray(x) for x in operands]
+    if len(arrays) != len(decomposition.raw_subscripts):
+        raise DeinsumError(f"{decomposition.equation!r} takes {len(decomposition.raw_subscripts)} operands, "
+                           f"got {len(arrays)}")
+    tensors = {f"in{n}": a for n, a in enumerate(arrays)}
+    dtype = np.result_type(*arrays) if arrays else np.float64
+    for step in decomposition.prepass + decomposition.steps:
+        args = [tensors[o] for o in step.operands]
+        if len(args) == 1:
+            tensors[step.name] = unary(args[0], step.subscripts[0], step.output)
+        else:
+            tensors[step.name] = contract_pair(*args, *step.subscripts, step.output)
+    return np.asarray(tensors["out"], dtype=dtype)
+
+
+def runtime_for(plan: Plan, comm) -> Runtime:
+    """This rank's :class:`~deinsum.codegen.runtime.Runtime` of ``plan`` on ``comm`` (its tables only)."""
+    rank = comm.Get_rank()
+    return Runtime(comm, plan.dtype, [(m.phase, m.label, m.table(rank)) for m in plan.moves])
+
+
+def run_schedule(rt: Runtime, plan: Plan, operands: Sequence) -> np.ndarray | None:
+    """Execute ``plan``'s schedule on this rank: the same operations, in the same order, as the
+    ``run`` of the plan's emitted script (see :mod:`deinsum.codegen.emit`)."""
+    d = plan.decomposition
+    tensors = dict(zip(d.input_names, operands))
+    for s in d.prepass:
+        tensors[s.name] = rt.unary(tensors[s.operands[0]], s.subscripts[0], s.output)
+    moves = iter(range(len(plan.moves)))
+    for item in plan.schedule:
+        if isinstance(item, Move):
+            k = next(moves)
+            for step, e in enumerate(item.exchanges):
+                comm = rt.world if e.comm.group is None else rt.cart_sub(e.comm.grid, e.comm.remain)
+                tensors[item.tensor] = rt.move(e.kind, tensors[item.tensor], k, step, comm)
+            continue
+        g = item.group
+        if rt.member(g.grid.dims):
+            for s in g.steps:
+                tensors[s.name] = rt.contract(*(tensors[o] for o in s.operands), *s.subscripts, s.output)
+        else:
+            tensors[g.output] = None
+    return tensors["out"]
 
 
 @dataclass
@@ -92,10 +143,11 @@ class Program:
     dtype: np.dtype | None = None
     memory: int | None = None
     inputs: str = "global"
-    output: str = "all"
+    result: str = "all"
     threads: str | None = "auto"
     layouts: dict | None = None
     last_run: RunReport | None = field(default=None, init=False, repr=False)
+    _runtimes: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         if self.shapes is not None:
@@ -110,7 +162,7 @@ class Program:
 
     # ---- planning and reports (pure, no MPI) ---------------------------------------------------
     def plan(self, shapes: Sequence[Sequence[int]] | None = None, nprocs: int | None = None, dtype=None,
-             inputs: str | None = None, output: str | None = None) -> Plan:
+             inputs: str | None = None, result: str | None = None) -> Plan:
         """The plan for these shapes, ranks, dtype and entry/exit layouts (cached)."""
         shapes = self.shapes if shapes is None else tuple(tuple(int(n) for n in s) for s in shapes)
         if shapes is None:
@@ -121,7 +173,7 @@ class Program:
         dtype = as_dtype(dtype if dtype is not None else self.dtype if self.dtype is not None else np.float64)
         pins = pin_names(self.layouts)
         return _plan(self.equation, shapes, int(nprocs), dtype, self.memory, inputs or self.inputs,
-                     output or self.output, pins)
+                     result or self.result, pins)
 
     def analysis(self, nprocs: int | None = None):
         """SOAP bounds and fusion: symbolic without shapes, numeric and parallel with them."""
@@ -131,7 +183,7 @@ class Program:
         return analyze(self.decomposition, S=self.memory, P=p)
 
     def report(self, format: str = "text", nprocs: int | None = None, inputs: str | None = None,
-               output: str | None = None) -> str:
+               result: str | None = None) -> str:
         """The bounds report (``text``, ``latex`` or ``json``) followed, with shapes and P, by the plan."""
         a = self.analysis(nprocs)
         if format == "latex":
@@ -140,66 +192,94 @@ class Program:
             import json
             data = a.to_dict()
             if self.shapes is not None and (nprocs or self.nprocs):
-                plan = self.plan(nprocs=nprocs, inputs=inputs, output=output)
+                plan = self.plan(nprocs=nprocs, inputs=inputs, result=result)
                 data["received_bytes_per_rank"] = plan.received_bytes().tolist()
             return json.dumps(data, indent=2, default=str)
         if format != "text":
             raise DeinsumError(f"report format {format!r}: expected text, latex or json")
         text = str(a)
         if self.shapes is not None and (nprocs or self.nprocs):
-            text += "\n\n" + str(self.plan(nprocs=nprocs, inputs=inputs, output=output))
+            text += "\n\n" + str(self.plan(nprocs=nprocs, inputs=inputs, result=result))
         return text
 
-    def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None) -> Path:
-        """Write a standalone mpi4py program (inputs and result on rank 0); atomic write."""
-        plan = self.plan(nprocs=nprocs, dtype=dtype, inputs="root", output="root")
+    def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None, inputs: str | None = None,
+                  result: str | None = None) -> Path:
+        """Write a standalone mpi4py program; atomic write. Its inputs start (and its result ends) as
+        ``inputs`` and ``result`` say, by default as compiled: 'global' or 'root', 'all' or 'root'."""
+        inputs, result = inputs or self.inputs, result or self.result
+        if inputs not in SCRIPT_INPUTS or result not in SCRIPT_RESULTS:
+            raise DeinsumError(f"inputs={inputs!r}, result={result!r}: an emitted script reads whole inputs and "
+                               f"returns the whole result (inputs {' or '.join(SCRIPT_INPUTS)}, "
+                               f"result {' or '.join(SCRIPT_RESULTS)})")
+        plan = self.plan(nprocs=nprocs, dtype=dtype, inputs=inputs, result=result)
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(generate(plan))
         tmp.replace(path)
         return path
 
-    def input_blocks(self, rank: int, nprocs: int, dtype=None, output: str | None = None
-                     ) -> list[tuple[slice, ...] | None]:
+    def input_blocks(self, rank: int, nprocs: int, dtype=None, result: str | None = None
+                     ) -> list[tuple[slice, ...]]:
         """The slice of each operand that ``rank`` must pass with ``inputs='local'`` (the planner chooses the
-        layouts together with the grids, so they depend on ``output`` and any pinned ``layouts``)."""
-        plan = self.plan(nprocs=nprocs, dtype=dtype, inputs="local", output=output)
-        return [layout.block(rank) for layout in plan.entry]
+        layouts together with the grids, so they depend on ``result`` and any pinned ``layouts``). A rank
+        that holds nothing of an operand gets empty slices (it may pass the empty block or None)."""
+        plan = self.plan(nprocs=nprocs, dtype=dtype, inputs="local", result=result)
+        return [layout.block(rank) or (slice(0, 0),) * len(layout.shape) for layout in plan.entry]
 
     # ---- running -----------------------------------------------------------------------------------
-    def __call__(self, *arrays, comm=None, inputs: str | None = None, output: str | None = None):
-        """Run on ``comm`` (default COMM_WORLD); returns the result as ``output`` asks."""
+    def __call__(self, *arrays, comm=None, inputs: str | None = None, result: str | None = None):
+        """Run on ``comm`` (default COMM_WORLD); returns the result as ``result`` asks."""
         from mpi4py import MPI
         comm = MPI.COMM_WORLD if comm is None else comm
-        inputs, output = inputs or self.inputs, output or self.output
+        inputs, result = inputs or self.inputs, result or self.result
         nops = self.equation.partition("->")[0].count(",") + 1
         if len(arrays) != nops:
             raise DeinsumError(f"{self.equation!r} takes {nops} operands, got {len(arrays)}")
         shapes, dtype = self._shapes_and_dtype(arrays, comm, inputs)
-        plan = self.plan(shapes, comm.size, dtype, inputs, output)
+        plan = self.plan(shapes, comm.size, dtype, inputs, result)
         memory = comm.allreduce(plan.memory, op=MPI.MIN)     # ranks may measure different free memory
         if plan.memory != memory:
-            plan = _plan(self.equation, tuple(map(tuple, shapes)), comm.size, dtype, memory, inputs, output,
+            plan = _plan(self.equation, tuple(map(tuple, shapes)), comm.size, dtype, memory, inputs, result,
                          pin_names(self.layouts))
         holds = inputs == "global" or inputs == "local" or comm.rank == 0
-        operands = [np.asarray(a, dtype=dtype) if holds else None for a in arrays]
+        operands = [np.asarray(a, dtype=dtype) if holds and a is not None else None for a in arrays]
         if inputs == "local":
             for n, (a, layout) in enumerate(zip(operands, plan.entry)):
                 want = layout.local_shape(comm.rank)
-                if a.shape != tuple(want):
-                    raise DeinsumError(f"operand {n}: rank {comm.rank} must pass its block of shape {tuple(want)}"
-                                       f" (see Program.input_blocks), not {a.shape}")
-        ns = _program(plan)
+                if want is None and (a is None or a.size == 0):
+                    operands[n] = None                # this rank holds nothing of the operand
+                elif a is None or a.shape != want:
+                    raise DeinsumError(f"operand {n}: rank {comm.rank} must pass its block of shape "
+                                       f"{want if want is not None else '(none)'} (see Program.input_blocks), "
+                                       f"not {None if a is None else a.shape}")
         if self.threads == "auto" and not _PINNED:
-            ns["pin_blas_threads"](comm)
+            pin_blas_threads(comm)
             _PINNED.append(comm.size)
-        log, clock = ns["ByteLog"](), ns["Clock"]()
-        result = ns["run_program"](comm, operands, log, clock)
+        key = (plan, comm.py2f())
+        if key not in self._runtimes:
+            self._runtimes[key] = runtime_for(plan, comm)
+        rt = self._runtimes[key]
+        rt.reset()
+        out = run_schedule(rt, plan, operands)
         model = plan.model_bytes()[comm.rank]
-        self.last_run = RunReport(comm.rank, dict(clock.seconds), log.bytes_sent, log.bytes_received, *model)
-        if output == "distributed":
-            return DistributedResult(result, plan.exit, comm.rank)
-        return result
+        self.last_run = RunReport(comm.rank, dict(rt.clock.seconds), rt.log.bytes_sent, rt.log.bytes_received,
+                                  *model)
+        if result == "distributed":
+            return DistributedResult(out, plan.exit, comm.rank)
+        return out
+
+    def close(self) -> None:
+        """Free the communicators and datatypes kept across calls (collective: every rank calls it)."""
+        for rt in self._runtimes.values():
+            rt.close()
+        self._runtimes.clear()
+
+    def __enter__(self) -> Program:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
 
     def _shapes_and_dtype(self, arrays, comm, inputs):
         if inputs == "root":
@@ -217,5 +297,5 @@ class Program:
 
 
 @lru_cache(maxsize=128)
-def _plan(equation, shapes, nprocs, dtype, memory, inputs, output, pins=()) -> Plan:
-    return build_plan(decompose(equation, *shapes), nprocs, dtype, memory, inputs, output, dict(pins))
+def _plan(equation, shapes, nprocs, dtype, memory, inputs, result, pins=()) -> Plan:
+    return build_plan(decompose(equation, *shapes), nprocs, dtype, memory, inputs, result, dict(pins))

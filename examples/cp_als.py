@@ -6,7 +6,7 @@ distributed too when its MTTKRP's result layout holds whole rows and equals the
 entry layout the other programs expect for that factor: then the update
 ``A = M pinv(V)``, its Gram matrix and the fit need only R x R allreduces.
 Otherwise (a mode too short for a row split, e.g. 3 rows on 2 ranks) the MTTKRP
-result is gathered (``output="all"``) and every rank slices its block. The fit of
+result is gathered (``result="all"``) and every rank slices its block. The fit of
 every iteration is checked against a numpy CP-ALS on the same data and start.
 
     mpiexec -n 4 python -m mpi4py examples/cp_als.py --shape 60 50 40 --rank 5 --iters 10
@@ -76,7 +76,7 @@ def mttkrp_programs(shape, rank_r: int) -> list:
 def cp_als_deinsum(comm, progs, X_block: np.ndarray, factors, iters: int):
     """Distributed CP-ALS from this rank's block of X: (fits, which factors stayed distributed)."""
     order, P, rank = len(factors), comm.size, comm.rank
-    plans = [p.plan(nprocs=P, inputs="local", output="distributed") for p in progs]
+    plans = [p.plan(nprocs=P, inputs="local", result="distributed") for p in progs]
     # the entry layout of each factor (the same in every program that reads it) and whether it can stay distributed
     entry = {m: plan.entry[1 + [k for k in range(order) if k != n].index(m)]
              for n, plan in enumerate(plans) for m in range(order) if m != n}
@@ -91,12 +91,12 @@ def cp_als_deinsum(comm, progs, X_block: np.ndarray, factors, iters: int):
             W = np.linalg.pinv(np.prod([grams[m] for m in others], axis=0))
             operands = [X_block] + [local[m] for m in others]
             if stays[n]:
-                M = progs[n](*operands, comm=comm, inputs="local", output="distributed").local
+                M = progs[n](*operands, comm=comm, inputs="local", result="distributed").local
                 local[n] = M @ W
                 grams[n] = comm.allreduce(local[n].T @ local[n])
                 inner = comm.allreduce(float(np.sum(M * local[n])))
             else:
-                M = progs[n](*operands, comm=comm, inputs="local", output="all")
+                M = progs[n](*operands, comm=comm, inputs="local", result="all")
                 A = M @ W
                 local[n] = A[entry[n].block(rank)]
                 grams[n] = A.T @ A

@@ -59,11 +59,11 @@ def main(argv=None) -> int:
     n = args.sizes
     shapes = [(n[0], n[1]), (n[1], n[2]), (n[2], n[3]), (n[3], n[4])]
     prog = deinsum.compile(EQUATION, *shapes)
-    plan = prog.plan(nprocs=comm.size, inputs="local", output="distributed")
+    plan = prog.plan(nprocs=comm.size, inputs="local", result="distributed")
     rng = np.random.default_rng(args.seed)
     matrices = [rng.standard_normal(s) for s in shapes]   # a real application creates only its blocks
-    blocks = prog.input_blocks(comm.rank, comm.size)
-    part = prog(*[m[b] for m, b in zip(matrices, blocks)], comm=comm, inputs="local", output="distributed")
+    blocks = prog.input_blocks(comm.rank, comm.size, result="distributed")
+    part = prog(*[m[b] for m, b in zip(matrices, blocks)], comm=comm, inputs="local", result="distributed")
     want = matrices[0] @ matrices[1] @ matrices[2] @ matrices[3]
     ok = part.block is None or np.allclose(part.local, want[part.block])
     ok = comm.allreduce(ok and prog.last_run.matches_model, op=MPI.LAND)

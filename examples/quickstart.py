@@ -26,8 +26,8 @@ assert np.allclose(result, np.einsum(equation, X, A, B))
 runs = comm.gather(str(prog.last_run), root=0)
 
 # 3b. the fair start: each rank passes only its block; the result stays distributed
-blocks = prog.input_blocks(comm.rank, comm.size)
-part = prog(X[blocks[0]], A[blocks[1]], B[blocks[2]], inputs="local", output="distributed")
+blocks = prog.input_blocks(comm.rank, comm.size, result="distributed")
+part = prog(X[blocks[0]], A[blocks[1]], B[blocks[2]], inputs="local", result="distributed")
 if part.block is not None:
     assert np.allclose(part.local, np.einsum(equation, X, A, B)[part.block])
 local_runs = comm.gather(str(prog.last_run), root=0)

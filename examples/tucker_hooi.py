@@ -4,7 +4,7 @@ Each rank keeps only its even block of the tensor X for the whole run. For mode
 n the TTMc ``Y = X x_{m != n} U_m^T`` is a deinsum program whose result stays
 distributed, and its block feeds the next program, the Gram ``Y_(n) Y_(n)^T``,
 directly: that program's entry layout for Y is Y's exit layout (checked). The
-small Gram matrix comes back on every rank (``output="all"``); rank 0 takes its
+small Gram matrix comes back on every rank (``result="all"``); rank 0 takes its
 leading eigenvectors as the new factor U_n and broadcasts it. Factors are small
 and replicated; each call slices its blocks from them. The core
 ``G = Y_N x_N U_N^T`` reuses the last TTMc result the same way, and the fit
@@ -113,7 +113,7 @@ def hooi_programs(shape, ranks) -> HOOIPrograms:
 def check_results_feed_on(progs: HOOIPrograms, nprocs: int) -> None:
     """Raise unless each TTMc result's layout is the entry layout of the programs that read it."""
     def plan(prog):
-        return prog.plan(nprocs=nprocs, inputs="local", output="distributed")
+        return prog.plan(nprocs=nprocs, inputs="local", result="distributed")
 
     last = len(progs.ttmc) - 1
     for n, ttmc in enumerate(progs.ttmc):
@@ -134,11 +134,11 @@ def hooi_deinsum(comm, progs: HOOIPrograms, X_block: np.ndarray, start, iters: i
             others = [m for m in range(order) if m != n]
             blocks = progs.ttmc[n].input_blocks(rank, P)
             operands = [X_block] + [factors[m][b] for m, b in zip(others, blocks[1:])]
-            Y = progs.ttmc[n](*operands, comm=comm, inputs="local", output="distributed")
-            gram = progs.gram[n](Y.local, Y.local, comm=comm, inputs="local", output="all")
+            Y = progs.ttmc[n](*operands, comm=comm, inputs="local", result="distributed")
+            gram = progs.gram[n](Y.local, Y.local, comm=comm, inputs="local", result="all")
             factors[n] = comm.bcast(leading_vectors(gram, start[n].shape[1]) if rank == 0 else None, root=0)
         last = progs.core.input_blocks(rank, P)[1]
-        core = progs.core(Y.local, factors[-1][last], comm=comm, inputs="local", output="all")
+        core = progs.core(Y.local, factors[-1][last], comm=comm, inputs="local", result="all")
         fits.append(fit_of(norm_x2, core))
     return fits
 

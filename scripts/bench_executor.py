@@ -19,7 +19,8 @@ import opt_einsum
 from threadpoolctl import threadpool_info, threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deinsum.decompose import decompose, execute  # noqa: E402
+from deinsum.decompose import decompose  # noqa: E402
+from deinsum.program import execute  # noqa: E402
 
 # moderate sizes: a few hundred ms or less per contraction on one core
 KERNELS = {

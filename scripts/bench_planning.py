@@ -29,7 +29,7 @@ TARGET_SECONDS = 1.0
 
 def plan_seconds(equation: str, shapes, nprocs: int) -> tuple[float, object]:
     start = time.perf_counter()
-    plan = build_plan(decompose(equation, *shapes), nprocs, inputs="local", output="distributed")
+    plan = build_plan(decompose(equation, *shapes), nprocs, inputs="local", result="distributed")
     str(plan)  # the report reads the volume model of every move
     return time.perf_counter() - start, plan
 

@@ -1,7 +1,7 @@
 """Model sweep of the paper suite: deinsum's plan at the weak-scaling sizes for any P, no ranks needed.
 
 Each (kernel, P) is planned as ``deinsum.compile(eq, *shapes).plan(nprocs=P,
-inputs="local", output="distributed")`` in a forked child process under a time
+inputs="local", result="distributed")`` in a forked child process under a time
 and memory limit: the planner builds every rank's message tables, which at
 P = 4096 takes minutes and many GiB for some kernels. A plan over a limit is
 reported as such, never estimated.
@@ -86,7 +86,7 @@ def model_row(kernel: str, nprocs: int) -> ModelRow:
     row = unplanned_row(kernel, nprocs)
     start = time.perf_counter()
     plan = deinsum.compile(row.equation, *shapes_of(row.equation, row.sizes)).plan(
-        nprocs=nprocs, dtype=DTYPE, inputs="local", output="distributed")
+        nprocs=nprocs, dtype=DTYPE, inputs="local", result="distributed")
     row.received_max = int(plan.received_bytes().max())   # the vectorised volume model, any P
     row.plan_seconds = time.perf_counter() - start
     if nprocs <= TABLE_PROCS:  # per-rank sent bytes need every rank's exchange tables

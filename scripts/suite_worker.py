@@ -1,7 +1,7 @@
 """MPI worker of bench_suite.py: time kernels from an even start, BLAS pinned per rank.
 
 Every rank holds only its block of each input (``inputs="local"``, the even
-layout) and the result stays distributed (``output="distributed"``). One
+layout) and the result stays distributed (``result="distributed"``). One
 untimed warm-up call, then ``repeat`` calls between barriers with BLAS limited
 to ``threads`` per rank (threadpoolctl). Rank 0 writes a JSON file: wall seconds
 per call, each phase's seconds on the slowest rank per call, bytes per rank
@@ -37,10 +37,10 @@ def time_kernel(comm, kernel: dict, repeat: int, threads: int) -> dict:
     equation, sizes = kernel["equation"], kernel["sizes"]
     shapes = [tuple(sizes[c] for c in term) for term in equation.split("->")[0].split(",")]
     prog = deinsum.compile(equation, *shapes)
-    plan = prog.plan(nprocs=comm.size, inputs="local", output="distributed")
+    plan = prog.plan(nprocs=comm.size, inputs="local", result="distributed")
     rng = np.random.default_rng(comm.rank)
     blocks = [rng.standard_normal(layout.local_shape(comm.rank)) for layout in plan.entry]
-    prog(*blocks, comm=comm, inputs="local", output="distributed")   # plans, compiles, touches memory
+    prog(*blocks, comm=comm, inputs="local", result="distributed")   # plans, compiles, touches memory
     walls, runs = [], []
     with threadpool_limits(limits=threads):
         blas = sorted({" ".join(filter(None, [i["internal_api"], i.get("version"), f"x{i['num_threads']}"]))
@@ -48,7 +48,7 @@ def time_kernel(comm, kernel: dict, repeat: int, threads: int) -> dict:
         for _ in range(repeat):
             comm.Barrier()
             start = MPI.Wtime()
-            prog(*blocks, comm=comm, inputs="local", output="distributed")
+            prog(*blocks, comm=comm, inputs="local", result="distributed")
             comm.Barrier()
             walls.append(MPI.Wtime() - start)
             runs.append(prog.last_run)

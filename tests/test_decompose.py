@@ -5,7 +5,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deinsum import DeinsumError
-from deinsum.decompose import decompose, execute, parse
+from deinsum.decompose import decompose, parse
+from deinsum.program import execute
 from suite import SUITE, shapes_for
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]

@@ -9,14 +9,17 @@ import pytest
 
 import deinsum
 from deinsum import DeinsumError
+from deinsum.codegen.emit import BEGIN, END, runtime_source
 from mpirun import run_mpi_script
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
 
 EMIT_P = [1, 3, 4, 8]
 SCRIPT_CASES = [(eq, shapes_for(eq, sizes)) for eq, sizes in SUITE.values()] + random_einsums(200, seed=11)
+#: The default run: the suite and 14 random einsums (every dtype with every supported pair of modes).
+SUBSET = SCRIPT_CASES[:len(SUITE) + 14]
 
-# Runs every emitted script's own code (script_main, run_program) inside one launch per P.
+# Runs every emitted script's own code (script_main, run) inside one launch per P.
 DRIVER = """
 import json, sys
 import numpy as np
@@ -28,30 +31,43 @@ for path in paths:
     ns = {"__name__": "emitted"}
     exec(compile(open(path).read(), path, "exec"), ns)
     status = ns["script_main"](ns, ["--validate", "--seed", "3"])
-    operands = ns["random_operands"](ns["INPUT_SHAPES"], ns["DTYPE"], 3) if comm.rank == 0 else [None] * len(ns["INPUT_SHAPES"])
-    log, clock = ns["ByteLog"](), ns["Clock"]()
-    ns["run_program"](comm, operands, log, clock)
+    holds = comm.rank == 0 or ns["INPUTS"] == "global"
+    operands = ns["random_operands"](ns["INPUT_SHAPES"], ns["DTYPE"], 3) if holds else [None] * len(ns["INPUT_SHAPES"])
+    with ns["script_runtime"](ns, comm) as rt:
+        ns["run"](rt, *operands)
     model = ns["MODEL_BYTES"][comm.rank]
-    if status != 0 or (log.bytes_sent, log.bytes_received) != tuple(model):
+    if status != 0 or (rt.log.bytes_sent, rt.log.bytes_received) != tuple(model):
         failures += 1
-        print(f"FAIL {path} status={status} bytes={(log.bytes_sent, log.bytes_received)} model={model}", file=sys.stderr)
+        print(f"FAIL {path} status={status} bytes={(rt.log.bytes_sent, rt.log.bytes_received)} model={model}", file=sys.stderr)
 total = comm.allreduce(failures)
 if comm.rank == 0:
     print(f"SCRIPTS {len(paths)} FAILED {total}")
 """
 
 
-@pytest.mark.parametrize("nprocs", EMIT_P)
-def test_emitted_scripts_match_numpy_and_model(nprocs, tmp_path):
+def check_scripts(nprocs, cases, tmp_path):
     paths = []
-    for n, (eq, shapes) in enumerate(SCRIPT_CASES):
+    for n, (eq, shapes) in enumerate(cases):   # the first 16 cases take every (dtype, modes) pair
         dtype = [np.float64, np.float32, np.complex128, np.complex64][n % 4]
-        paths.append(str(deinsum.compile(eq, *shapes, dtype=dtype).to_script(tmp_path / f"p{n}.py", nprocs=nprocs)))
+        inputs, result = [("root", "root"), ("global", "all"), ("root", "all"), ("global", "root")][n // 4 % 4]
+        prog = deinsum.compile(eq, *shapes, dtype=dtype, inputs=inputs, result=result)
+        paths.append(str(prog.to_script(tmp_path / f"p{n}.py", nprocs=nprocs)))
     (tmp_path / "paths.json").write_text(json.dumps(paths))
     (tmp_path / "driver.py").write_text(DRIVER)
     res = run_mpi_script(nprocs, tmp_path / "driver.py", str(tmp_path / "paths.json"), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"SCRIPTS {len(paths)} FAILED 0" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("nprocs", EMIT_P)
+def test_emitted_scripts_match_numpy_and_model(nprocs, tmp_path):
+    check_scripts(nprocs, SUBSET, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nprocs", EMIT_P)
+def test_emitted_scripts_match_numpy_and_model_on_210_einsums(nprocs, tmp_path):
+    check_scripts(nprocs, SCRIPT_CASES, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["MTTKRP-O3-M0", "3MM"])
@@ -67,7 +83,7 @@ def test_standalone_script_runs_under_mpiexec(name, tmp_path):
         inputs.append(str(tmp_path / f"x{n}.npy"))
     out = tmp_path / "out.npy"
     size_arg = ",".join(f"{c}={n}" for c, n in sizes.items())
-    res = run_mpi_script(3, script, "--size", size_arg, "--inputs", *inputs, "--output", str(out),
+    res = run_mpi_script(3, script, "--size", size_arg, "--load", *inputs, "--save", str(out),
                          "--validate", "--repeat", "3", timeout=120)
     assert res.returncode == 0, res.stderr
     assert "validate: OK" in res.stdout and "measured bytes == model" in res.stdout
@@ -96,8 +112,8 @@ def test_bad_input_file_fails_clearly(tmp_path):
     script = deinsum.compile("ij,jk->ik", (6, 5), (5, 4)).to_script(tmp_path / "p.py", nprocs=2)
     np.save(tmp_path / "a.npy", np.zeros((6, 5)))
     np.save(tmp_path / "b.npy", np.zeros((5, 3)))
-    res = run_mpi_script(2, script, "--inputs", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
-                         "--output", str(tmp_path / "o.npy"), timeout=60)
+    res = run_mpi_script(2, script, "--load", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+                         "--save", str(tmp_path / "o.npy"), timeout=60)
     assert res.returncode == 2 and "must have shape (5, 4)" in res.stderr
     assert not (tmp_path / "o.npy").exists()
 
@@ -140,6 +156,14 @@ def test_unicode_program_runs(tmp_path):
     assert "validate: OK" in res.stdout
 
 
+def test_scripts_take_whole_inputs_and_return_the_whole_result(tmp_path):
+    prog = deinsum.compile("ij,jk->ik", (2, 3), (3, 4), inputs="local", result="distributed")
+    with pytest.raises(DeinsumError, match="inputs='local', result='distributed': an emitted script reads whole"):
+        prog.to_script(tmp_path / "p.py", nprocs=2)
+    text = prog.to_script(tmp_path / "p.py", nprocs=2, inputs="global", result="root").read_text()
+    assert "INPUTS = 'global'" in text and "RESULT = 'root'" in text
+
+
 def test_script_write_is_atomic_on_error(tmp_path):
     target = tmp_path / "p.py"
     with pytest.raises(DeinsumError):
@@ -148,10 +172,34 @@ def test_script_write_is_atomic_on_error(tmp_path):
 
 
 def test_emitted_script_is_valid_python_and_readable(tmp_path):
-    path = deinsum.compile("ijk,ja,ka->ia", (8, 9, 10), (9, 4), (10, 4)).to_script(tmp_path / "p.py", nprocs=8)
+    prog = deinsum.compile("ijk,ja,ka->ia", (8, 9, 10), (9, 4), (10, 4))
+    path = prog.to_script(tmp_path / "p.py", nprocs=8, inputs="root", result="root")
     text = path.read_text()
     compile(text, str(path), "exec")
-    assert "# -------- group 0: ja,ka->jka; ijk,jka->ia" in text
-    assert "Create_cart" in text and "contract_pair(" in text and "MOVES = " in text
+    # a listing of the schedule, in its order: per group a function, then named collectives on named communicators
+    plan = prog.plan(nprocs=8, inputs="root", result="root")
+    (group,) = plan.groups
+    dims = ", ".join(f"{c}={p}" for c, p in zip(group.indices, group.grid.dims))
+    lines = [f"def group0(rt, {', '.join(name for name, _ in group.reads)}):",
+             f'    """ja,ka->jka; ijk,jka->ia on grid 0 ({dims}), 8 rank(s)."""']
+    for k, move in enumerate(plan.moves):
+        if move.tensor == "out":
+            lines.append("def run(rt, in0, in1, in2):")
+        for s, e in enumerate(move.exchanges):
+            comm = "rt.world" if e.comm.group is None else e.comm.name
+            if comm != "rt.world":
+                lines.append(f"    {comm} = rt.cart_sub(GRID0, remain={e.comm.remain!r})")
+            lines.append(f"    {move.tensor} = rt.{e.kind}({move.tensor}, move={k}{f', step={s}' if s else ''}, comm={comm})")
+        if k == len(plan.moves) - 2:
+            lines += ["    if rt.member(GRID0):", "        t0 = rt.contract(in1, in2, 'ja', 'ka', 'jka')  # KRP"]
+    listing = text[text.index(END):]
+    where = [listing.find("\n" + line + "\n") for line in lines]
+    assert -1 not in where and where == sorted(where), [line for line, at in zip(lines, where) if at < 0]
+    assert any(e.comm.name == "grid0_sum" for m in plan.moves for e in m.exchanges)   # MTTKRP's partial sums
+    # the runtime is one delimited block, equal to the modules it is made of
+    assert text.count(BEGIN) == text.count(END) == 1
+    block = text[text.index(BEGIN):text.index(END) + len(END)]
+    assert block == runtime_source()
+    assert "def " not in text[:text.index(BEGIN)] and "class " not in text[text.index(END):]
     assert subprocess.run([sys.executable, "-c", "import ast,sys; ast.parse(open(sys.argv[1]).read())", str(path)],
                           timeout=60).returncode == 0

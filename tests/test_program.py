@@ -41,7 +41,7 @@ def test_reports_in_three_formats():
 def test_plan_is_pure_for_any_p():
     prog = deinsum.compile("ij,jk->ik", (97, 89), (89, 83))
     for p in (1, 7, 11, 13, 1000):
-        plan = prog.plan(nprocs=p, inputs="local", output="distributed")
+        plan = prog.plan(nprocs=p, inputs="local", result="distributed")
         assert all(g.grid.used <= p for g in plan.groups)
         assert len(plan.received_bytes()) == p
 
@@ -50,7 +50,7 @@ def test_plan_is_pure_for_any_p():
     (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4))(np.ones((2, 3))), "takes 2 operands, got 1"),
     (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).plan(nprocs=0), "nprocs must be an integer >= 1"),
     (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).plan(nprocs=2, inputs="disk"), "inputs='disk'"),
-    (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).plan(nprocs=2, output="cloud"), "output='cloud'"),
+    (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).plan(nprocs=2, result="cloud"), "result='cloud'"),
     (lambda: deinsum.compile("ij,jk->ik", dtype="float1024"), "not a numpy data type"),
     (lambda: deinsum.compile("ij,jk->ik", dtype=bool), "expected an integer, float or complex"),
     (lambda: deinsum.compile("ij,jk->ik").plan(nprocs=2), "compiled without shapes"),

@@ -142,14 +142,15 @@ def _kernel_statements():
 @pytest.mark.parametrize("name, st", _kernel_statements(), ids=lambda x: getattr(x, "equation", x))
 def test_numeric_matches_closed_form_on_suite_kernels(name, st):
     b = symbolic_bound(st)
-    if not b.ok:
-        assert b.reason                                                    # the report says so
-        return
     sizes = {v: 10**7 for v in st.variables}                            # large: no clamping
     Sv = 10**5
     nb = numeric_bound(st, sizes, Sv)
     assert nb.clamped == ()
     at = {S: Sv, **{size_symbol(v): n for v, n in sizes.items()}}
+    if not b.ok:   # slack terms dropped: a valid bound below the exact one, named in the reason
+        assert b.has_bound and b.dropped and all(t in b.reason for t in b.dropped)
+        assert 0.9 * nb.Q <= float(b.Q.subs(at)) <= nb.Q * (1 + 1e-9)
+        return
     if b.sigma == 1:
         assert rel(float(b.chi.subs(X, 1e9)), numeric_chi(st, None, 1e9)[0]) < 1e-9
         return
@@ -290,14 +291,27 @@ def statements(draw):
     return Statement.from_terms(inputs, "".join(sorted(out)))
 
 
+@pytest.mark.xfail(strict=True, raises=ValueError, reason="numeric_bound's brentq bracket fails for ijk->i (soap/numeric.py)")
+def test_numeric_bound_of_a_plain_reduction():
+    st_ = Statement.from_terms(["ijk"], "i")
+    assert not symbolic_bound(st_).ok and symbolic_bound(st_).has_bound
+    assert numeric_bound(st_, dict.fromkeys("ijk", 10**9), 10**4).Q >= 0
+
+
 @settings(max_examples=25, deadline=None)
 @given(statements())
 def test_random_statements_closed_form_or_reason(st_):
     b = symbolic_bound(st_)
-    assert b.ok or b.reason
-    if not (b.ok and b.sigma > 1):
-        return
     Sv = 10**4
+    if not b.ok:   # either a weaker valid bound without the slack terms, or none, and the reason says which
+        assert b.reason
+        if b.has_bound and b.sigma > 1:   # sigma = 1: see test_numeric_bound_of_a_plain_reduction
+            nb = numeric_bound(st_, {v: 10**9 for v in st_.variables}, Sv)
+            assert b.dropped and float(b.Q.subs({S: Sv, **{size_symbol(v): 10**9 for v in st_.variables}})) \
+                <= nb.Q * (1 + 1e-9)
+        return
+    if b.sigma == 1:
+        return
     nb = numeric_bound(st_, {v: 10**9 for v in st_.variables}, Sv)
     assert rel(float(b.rho.subs(S, Sv)), nb.rho) < 1e-8
 

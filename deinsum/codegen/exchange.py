@@ -1,11 +1,10 @@
-"""Run one rank's redistribution table: one ``Alltoallw`` of subarray datatypes per phase.
+"""Run one rank's redistribution table: one ``Alltoallw`` of subarray datatypes per step.
 
-STANDALONE: imports only numpy and mpi4py, because this file's source is
-pasted into generated scripts. The tables come from
-``deinsum.redistribute.Redistribution.table(rank)``; every rank of ``comm``
-must call :func:`exchange` with its own table of the same plan (collective).
+STANDALONE: imports only numpy and mpi4py (emitted scripts carry this file).
+The tables come from ``deinsum.schedule.Move.table(rank)``; every rank of
+``comm`` must run its own table of the same move (collective).
 
-A phase is ``(in_held, in_shape, out_held, out_shape, sends, recvs, ops)``:
+A step's table is ``(in_held, in_shape, out_held, out_shape, sends, recvs, ops)``:
 
 * ``sends``: ``(peer, starts, subsizes)`` subarrays of the input block;
 * ``recvs``: ``(peer, starts, subsizes, add)``; ``add=0`` lands in place in
@@ -14,7 +13,9 @@ A phase is ``(in_held, in_shape, out_held, out_shape, sends, recvs, ops)``:
   after the exchange: copy or add a piece of the input block (``peer`` = this
   rank) or of ``peer``'s staged piece into the output block.
 
-Usage in a script (two ranks; rank 0 scatters ``[0, 1, 2, 3, 4]``)::
+A :class:`Transfer` commits the step's datatypes once and runs it any number
+of times; :func:`exchange` runs a table once. Two ranks, rank 0 scatters
+``[0, 1, 2, 3, 4]``::
 
     log = ByteLog()
     block = exchange(comm, TABLE[comm.rank], whole if comm.rank == 0 else None, np.float64, log, "scatter x")
@@ -27,7 +28,7 @@ from mpi4py.util import dtlib
 
 
 class ByteLog:
-    """Bytes this rank handed to MPI per :func:`exchange` call (self excluded).
+    """Bytes this rank handed to MPI per exchange (self excluded).
 
     >>> log = ByteLog(); log.add("x", 16, 8); log.add("y", 0, 24)
     >>> log.bytes_sent, log.bytes_received
@@ -55,94 +56,123 @@ class ByteLog:
         return "\n".join(f"{label}: sent {sent} B, received {received} B" for label, sent, received in self.records)
 
 
-def exchange(comm, table, local, dtype, log=None, label=""):
-    """Execute ``table`` (this rank's phases) on ``comm``; return the new local block, or None if it holds none.
-
-    ``local`` is this rank's block of the source layout (None where it holds
-    none); any numpy dtype works, non-contiguous input is copied first. Bytes
-    handed to MPI are appended to ``log`` under ``label``.
-    """
+def element_type(dtype):
+    """A committed MPI datatype for one element of ``dtype`` (the caller frees it): the matching named
+    type, else raw bytes."""
     dtype = np.dtype(dtype)
-    block = None if local is None else np.asarray(local, dtype=dtype, order="C")
-    element = _element_type(dtype)
-    sent = received = 0
-    try:
-        for phase in table:
-            block, phase_sent, phase_received = _run_phase(comm, phase, block, dtype, element)
-            sent += phase_sent
-            received += phase_received
-    finally:
-        element.Free()
-    if log is not None:
-        log.add(label, sent, received)
-    return block
-
-
-def _element_type(dtype):
-    """A committed MPI datatype for one element (to be freed): the matching named type, else raw bytes."""
     try:
         return dtlib.from_numpy_dtype(dtype.newbyteorder("="))
     except (ValueError, KeyError, TypeError):
         return MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
 
 
-def _run_phase(comm, phase, block, dtype, element):
-    in_held, in_shape, out_held, out_shape, sends, recvs, ops = phase
-    rank, nprocs = comm.Get_rank(), comm.Get_size()
-    if in_held and (block is None or block.shape != tuple(in_shape)):
-        raise ValueError(f"rank {rank}: local block of shape {None if block is None else block.shape}, "
-                         f"the table expects {tuple(in_shape)}")
-    out_bytes = math.prod(out_shape) * dtype.itemsize if out_held else 0
-    staged_at = {}
-    end = out_bytes
-    for peer, _, subsizes, add in recvs:
-        if add:
-            staged_at[peer] = end
-            end += math.prod(subsizes) * dtype.itemsize
-    buffer = np.empty(max(end, 1), dtype=np.uint8)
-    out = buffer[:out_bytes].view(dtype).reshape(out_shape) if out_held else None
+class Transfer:
+    """One step of one rank's table on ``comm``, with its subarray datatypes committed once.
 
-    send_counts, send_types = [0] * nprocs, [element] * nprocs
-    recv_counts, recv_displs, recv_types = [0] * nprocs, [0] * nprocs, [element] * nprocs
-    created = []
-    try:
-        for peer, starts, subsizes in sends:
-            send_counts[peer], send_types[peer] = 1, _subarray(element, in_shape, subsizes, starts, created)
-        for peer, starts, subsizes, add in recvs:
+    Call it with this rank's input block (None where it holds none) for the
+    output block (None where it holds none); :meth:`free` releases the
+    datatypes. ``created`` counts the datatypes this transfer committed.
+    """
+
+    def __init__(self, comm, table, dtype, element):
+        self.comm, self.dtype = comm, np.dtype(dtype)
+        self.in_held, self.in_shape, self.out_held, self.out_shape, sends, recvs, self.ops = table
+        rank, nprocs = comm.Get_rank(), comm.Get_size()
+        size = self.dtype.itemsize
+        self.out_bytes = math.prod(self.out_shape) * size if self.out_held else 0
+        self.staged_at, end = {}, self.out_bytes
+        for peer, _, subsizes, add in recvs:
             if add:
-                recv_counts[peer], recv_displs[peer] = math.prod(subsizes), staged_at[peer]
+                self.staged_at[peer] = end
+                end += math.prod(subsizes) * size
+        self.buffer_bytes = max(end, 1)
+        self.send_counts, self.send_types = [0] * nprocs, [element] * nprocs
+        self.recv_counts, self.recv_displs, self.recv_types = [0] * nprocs, [0] * nprocs, [element] * nprocs
+        self.datatypes = []
+        try:
+            for peer, starts, subsizes in sends:
+                self.send_counts[peer], self.send_types[peer] = 1, self._subarray(element, self.in_shape, subsizes,
+                                                                                  starts)
+            for peer, starts, subsizes, add in recvs:
+                if add:
+                    self.recv_counts[peer], self.recv_displs[peer] = math.prod(subsizes), self.staged_at[peer]
+                else:
+                    self.recv_counts[peer], self.recv_types[peer] = 1, self._subarray(element, self.out_shape,
+                                                                                      subsizes, starts)
+        except BaseException:
+            self.free()
+            raise
+        self.bytes_sent = sum(n * t.Get_size() for peer, (n, t) in enumerate(zip(self.send_counts, self.send_types))
+                              if peer != rank)
+        self.bytes_received = sum(n * t.Get_size() for peer, (n, t)
+                                  in enumerate(zip(self.recv_counts, self.recv_types)) if peer != rank)
+
+    @property
+    def created(self):
+        return len(self.datatypes)
+
+    def _subarray(self, element, sizes, subsizes, starts):
+        """Committed C-order subarray type (0-d arrays count as one element)."""
+        sizes, subsizes, starts = (list(sizes) or [1]), (list(subsizes) or [1]), (list(starts) or [0])
+        datatype = element.Create_subarray(sizes, subsizes, starts, order=MPI.ORDER_C).Commit()
+        self.datatypes.append(datatype)
+        return datatype
+
+    def __call__(self, block):
+        rank, nprocs = self.comm.Get_rank(), self.comm.Get_size()
+        if self.in_held and (block is None or block.shape != tuple(self.in_shape)):
+            raise ValueError(f"rank {rank}: local block of shape {None if block is None else block.shape}, "
+                             f"the table expects {tuple(self.in_shape)}")
+        if block is not None:
+            block = np.asarray(block, dtype=self.dtype, order="C")
+        buffer = np.empty(self.buffer_bytes, dtype=np.uint8)
+        out = buffer[:self.out_bytes].view(self.dtype).reshape(self.out_shape) if self.out_held else None
+        send_buffer = block if self.in_held and block.size else np.empty(1, dtype=np.uint8)
+        self.comm.Alltoallw([send_buffer, (self.send_counts, [0] * nprocs), self.send_types],
+                            [buffer, (self.recv_counts, self.recv_displs), self.recv_types])
+        for peer, add, from_starts, subsizes, to_starts in self.ops:
+            if peer == rank:
+                piece = block[_slices(from_starts, subsizes)]
             else:
-                recv_counts[peer], recv_types[peer] = 1, _subarray(element, out_shape, subsizes, starts, created)
-        send_buffer = block if in_held and block.size else np.empty(1, dtype=np.uint8)
-        comm.Alltoallw([send_buffer, (send_counts, [0] * nprocs), send_types],
-                       [buffer, (recv_counts, recv_displs), recv_types])
-        sent = sum(n * t.Get_size() for peer, (n, t) in enumerate(zip(send_counts, send_types)) if peer != rank)
-        received = sum(n * t.Get_size() for peer, (n, t) in enumerate(zip(recv_counts, recv_types)) if peer != rank)
-    finally:
-        for datatype in created:
+                start = self.staged_at[peer]
+                piece = buffer[start:start + math.prod(subsizes) * self.dtype.itemsize].view(self.dtype)
+                piece = piece.reshape(subsizes)
+            if add:
+                out[_slices(to_starts, subsizes)] += piece
+            else:
+                out[_slices(to_starts, subsizes)] = piece
+        if self.staged_at and out is not None:
+            out = out.copy()          # let the staging buffer go
+        return out
+
+    def free(self):
+        """Release the committed datatypes (idempotent)."""
+        for datatype in self.datatypes:
             datatype.Free()
-
-    for peer, add, from_starts, subsizes, to_starts in ops:
-        if peer == rank:
-            piece = block[_slices(from_starts, subsizes)]
-        else:
-            start = staged_at[peer]
-            piece = buffer[start:start + math.prod(subsizes) * dtype.itemsize].view(dtype).reshape(subsizes)
-        if add:
-            out[_slices(to_starts, subsizes)] += piece
-        else:
-            out[_slices(to_starts, subsizes)] = piece
-    if staged_at and out is not None:
-        out = out.copy()          # let the staging buffer go
-    return out, sent, received
+        self.datatypes = []
 
 
-def _subarray(element, sizes, subsizes, starts, created):
-    """Committed C-order subarray type (0-d arrays count as one element), remembered in ``created``."""
-    sizes, subsizes, starts = (list(sizes) or [1]), (list(subsizes) or [1]), (list(starts) or [0])
-    datatype = element.Create_subarray(sizes, subsizes, starts, order=MPI.ORDER_C).Commit()
-    created.append(datatype)
-    return datatype
+def exchange(comm, table, local, dtype, log=None, label=""):
+    """Run ``table`` (this rank's steps) once on ``comm``; return the new local block, or None if it holds none.
+
+    ``local`` is this rank's block of the source layout (None where it holds
+    none); bytes handed to MPI are appended to ``log`` under ``label``.
+    """
+    element = element_type(dtype)
+    block, sent, received = local, 0, 0
+    try:
+        for step in table:
+            transfer = Transfer(comm, step, dtype, element)
+            try:
+                block = transfer(block)
+            finally:
+                transfer.free()
+            sent, received = sent + transfer.bytes_sent, received + transfer.bytes_received
+    finally:
+        element.Free()
+    if log is not None:
+        log.add(label, sent, received)
+    return block
 
 
 def _slices(starts, subsizes):

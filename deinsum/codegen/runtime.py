@@ -1,19 +1,30 @@
-"""Run-time support shared by emitted scripts and the in-process runtime.
+"""One rank's run-time state, kept across calls, and the named operations a program is written in.
 
-STANDALONE: imports only numpy and mpi4py; its source is pasted verbatim into
-emitted scripts (after kernels.py and exchange.py, whose names it uses:
-``reference_einsum``, ``ByteLog``).
+STANDALONE: imports only numpy, mpi4py and the sibling runtime modules
+(emitted scripts carry these files as one block). A program, in-process or
+emitted, is straight-line code over a :class:`Runtime`::
 
-A generated program defines ``run_program(comm, operands, log, clock)`` and
-the data tables it reads; ``script_main`` turns it into a command-line tool.
+    grid0_sum = rt.cart_sub((2, 2, 2, 1), remain=(1, 2))
+    in0 = rt.scatter(in0, move=0)
+    if rt.member((2, 2, 2, 1)):
+        out = rt.contract(in0, t0, "ijk", "jka", "ia")
+    out = rt.reduce_scatter(out, move=3, comm=grid0_sum)
+    out = rt.gather(out, move=3, step=1)
+
+Every move kind (scatter, all-gather, reduce-scatter, ...) runs the same
+subarray ``Alltoallw`` :class:`~deinsum.codegen.exchange.Transfer`; the name
+says what it amounts to. Communicators and datatypes are created on first use
+and kept until :meth:`Runtime.close` (``created`` counts them).
 """
-import argparse
+import math
 import os
-import sys
-import time
+from functools import partialmethod
 
 import numpy as np
 from mpi4py import MPI
+
+from .exchange import ByteLog, Transfer, element_type
+from .kernels import contract_pair, unary
 
 PHASES = ("distribute", "compute", "reduce", "redistribute", "gather")
 
@@ -63,140 +74,118 @@ def pin_blas_threads(comm):
     return threads
 
 
-class ProgramError(Exception):
-    """A wrong run-time argument (sizes, number of ranks, input files)."""
+class Runtime:
+    """This rank's state for one plan on ``comm``: communicators, datatypes and exchange tables.
 
+    ``moves[k]`` is ``(timer, label, tables)`` of move ``k``: the phase it is
+    timed under, its name in the byte log, and this rank's table of each of its
+    steps (None for a step whose communicator this rank is not in). ``log`` and
+    ``clock`` measure the current call (:meth:`reset` starts a new one).
+    """
 
-def random_operands(shapes, dtype, seed):
-    """Deterministic random operands in [-1, 1) (complex: both parts)."""
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(dtype)
-    out = []
-    for shape in shapes:
-        x = rng.uniform(-1, 1, shape)
-        if dtype.kind == "c":
-            x = x + 1j * rng.uniform(-1, 1, shape)
-        out.append(np.asarray(x, dtype=dtype))
-    return out
+    def __init__(self, comm, dtype, moves):
+        self.comm, self.rank, self.dtype = comm, comm.Get_rank(), np.dtype(dtype)
+        self.moves = moves
+        self.created = {"communicators": 0, "datatypes": 0}
+        self._carts, self._subs, self._transfers = {}, {}, {}
+        self._element = None
+        self.world = comm
+        self.reset()
 
+    def reset(self):
+        """Start measuring a new call."""
+        self.log, self.clock = ByteLog(), Clock()
 
-def check_sizes(options, planned):
-    """Validate ``--size i=4,j=5`` options against the planned sizes."""
-    for option in options:
-        for item in option.split(","):
-            name, sep, value = item.partition("=")
-            if not sep or name not in planned or not value.strip().isdigit():
-                raise ProgramError(f"--size {item!r}: expected INDEX=INT with INDEX one of {''.join(planned)}")
-            if int(value) != planned[name]:
-                raise ProgramError(f"--size {item}: this program was planned for {name}={planned[name]}; "
-                                   f"emit it again for other sizes")
+    # ---- communicators --------------------------------------------------------------------------
+    def member(self, grid):
+        """Whether this rank has a block of the iteration space of ``grid`` (ranks ``< prod(grid)``)."""
+        return self.rank < math.prod(grid)
 
+    def cart(self, grid):
+        """``Create_cart(grid, reorder=False)`` of the world (COMM_NULL off the grid); collective, made once."""
+        grid = tuple(grid)
+        if grid not in self._carts:
+            self._carts[grid] = self.comm.Create_cart(list(grid), reorder=False)
+            self.created["communicators"] += 1
+        return self._carts[grid]
 
-def load_operands(paths, shapes, dtype):
-    """Load ``.npy`` inputs on the root rank and check their shapes."""
-    if len(paths) != len(shapes):
-        raise ProgramError(f"--inputs takes {len(shapes)} files, got {len(paths)}")
-    out = []
-    for n, (path, shape) in enumerate(zip(paths, shapes)):
-        try:
-            x = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise ProgramError(f"--inputs {path}: cannot read ({exc})") from None
-        if x.shape != tuple(shape):
-            raise ProgramError(f"--inputs {path}: operand {n} must have shape {tuple(shape)}, not {x.shape}")
-        out.append(x.astype(dtype, copy=False))
-    return out
+    def cart_sub(self, grid, remain):
+        """The ``Cart_sub`` of :meth:`cart` ``(grid)`` keeping grid dims ``remain`` (COMM_NULL off the grid);
+        collective on the world, made once."""
+        key = (tuple(grid), tuple(remain))
+        if key not in self._subs:
+            cart = self.cart(grid)
+            sub = MPI.COMM_NULL
+            if cart != MPI.COMM_NULL:
+                sub = cart.Sub([d in remain for d in range(len(grid))])
+                self.created["communicators"] += 1
+            self._subs[key] = sub
+        return self._subs[key]
 
+    # ---- data movement --------------------------------------------------------------------------
+    def move(self, kind, x, move, step=0, comm=None):
+        """Step ``step`` of move ``move`` on ``comm`` (default: the world); ``kind`` names the collective.
 
-def save_atomically(path, array):
-    """Write ``array`` to ``path`` via a temporary file and rename: never a half-written file."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.save(f, array, allow_pickle=False)
-    os.replace(tmp, path)
+        Ranks outside ``comm`` hold nothing before and after. Bytes go to the log under the move's label.
+        """
+        comm = self.world if comm is None else comm
+        timer, label, tables = self.moves[move]
+        with self.clock(timer):
+            if comm == MPI.COMM_NULL:
+                if x is not None:
+                    raise ValueError(f"rank {self.rank}: holds a block of {label} outside the {kind} communicator")
+                return None
+            transfer = self._transfer(move, step, comm, tables[step])
+            result = transfer(x)
+        self.log.add(f"{label} ({kind})", transfer.bytes_sent, transfer.bytes_received)
+        return result
 
+    scatter = partialmethod(move, "scatter")
+    broadcast = partialmethod(move, "broadcast")
+    gather = partialmethod(move, "gather")
+    allgather = partialmethod(move, "allgather")
+    transpose = partialmethod(move, "transpose")
+    reduce = partialmethod(move, "reduce")
+    allreduce = partialmethod(move, "allreduce")
+    reduce_scatter = partialmethod(move, "reduce_scatter")
+    redistribute = partialmethod(move, "redistribute")
 
-def summarize(samples):
-    """Median and [min, max] of a list of seconds, as text."""
-    return f"{float(np.median(samples)):.6f} [{min(samples):.6f}, {max(samples):.6f}]"
+    def _transfer(self, move, step, comm, table):
+        key = (move, step)
+        if key not in self._transfers:
+            if self._element is None:
+                self._element = element_type(self.dtype)
+                self.created["datatypes"] += 1
+            self._transfers[key] = Transfer(comm, table, self.dtype, self._element)
+            self.created["datatypes"] += self._transfers[key].created
+        return self._transfers[key]
 
+    # ---- local compute --------------------------------------------------------------------------
+    def contract(self, a, b, sa, sb, out):
+        """One binary step on this rank's blocks (see ``contract_pair``), timed as compute."""
+        with self.clock("compute"):
+            return contract_pair(a, b, sa, sb, out)
 
-def script_main(ns, argv=None):
-    """Command-line driver of an emitted program (``ns`` = the program's globals)."""
-    comm = MPI.COMM_WORLD
-    parser = argparse.ArgumentParser(description=f"deinsum program for {ns['EQUATION']!r} on {ns['NPROCS']} ranks")
-    parser.add_argument("--size", action="append", default=[], help="check planned sizes, e.g. i=64,j=32")
-    parser.add_argument("--inputs", nargs="+", default=None, help=".npy files, one per operand (read on rank 0)")
-    parser.add_argument("--output", default=None, help="write the result to this .npy file (rank 0)")
-    parser.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0")
-    parser.add_argument("--repeat", type=int, default=1, help="run K times; report median [min, max]")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    args = parser.parse_args(argv)
-    try:
-        if comm.size != ns["NPROCS"]:
-            raise ProgramError(f"this program was planned for {ns['NPROCS']} ranks, not {comm.size}: "
-                               f"run mpiexec -n {ns['NPROCS']} or emit it again")
-        check_sizes(args.size, ns["SIZES"])
-        if args.repeat < 1:
-            raise ProgramError("--repeat must be >= 1")
-        operands = None
-        if comm.rank == 0:
-            if args.inputs:
-                operands = load_operands(args.inputs, ns["INPUT_SHAPES"], ns["DTYPE"])
-            else:
-                operands = random_operands(ns["INPUT_SHAPES"], ns["DTYPE"], args.seed)
-        error = None
-    except ProgramError as exc:
-        error = str(exc)
-    error = next((e for e in comm.allgather(error) if e), None)  # every rank stops on any rank's error
-    if error:
-        if comm.rank == 0:
-            print(f"error: {error}", file=sys.stderr)
-        return 2
-    if operands is None:
-        operands = [None] * len(ns["INPUT_SHAPES"])
-    threads = pin_blas_threads(comm)
-    runs = []
-    for _ in range(args.repeat):
-        log, clock = ByteLog(), Clock()
-        comm.Barrier()
-        start = MPI.Wtime()
-        result = ns["run_program"](comm, operands, log, clock)
-        comm.Barrier()
-        runs.append((MPI.Wtime() - start, clock.seconds, log))
-    report(comm, ns, runs, threads)
-    status = 0
-    if comm.rank == 0:
-        if args.validate:
-            want = reference_einsum(ns["EQUATION"], *operands)
-            ok = np.allclose(result, want, rtol=ns["RTOL"], atol=ns["RTOL"] * np.max(np.abs(want), initial=0))
-            print(f"validate: {'OK' if ok else 'MISMATCH'} (max abs error "
-                  f"{float(np.max(np.abs(result - want), initial=0)):.3g})")
-            status = 0 if ok else 1
-        if args.output:
-            save_atomically(args.output, result)
-            print(f"wrote {args.output}")
-    return comm.bcast(status, root=0)
+    def unary(self, a, sub, out):
+        """A unary pre-pass step where the operand is (None stays None)."""
+        with self.clock("compute"):
+            return None if a is None else unary(a, sub, out)
 
+    # ---- lifetime -------------------------------------------------------------------------------
+    def close(self):
+        """Free every datatype and communicator this runtime created (collective on the world)."""
+        for transfer in self._transfers.values():
+            transfer.free()
+        if self._element is not None:
+            self._element.Free()
+        for comm in list(self._subs.values()) + list(self._carts.values()):
+            if comm != MPI.COMM_NULL:
+                comm.Free()
+        self._transfers, self._subs, self._carts, self._element = {}, {}, {}, None
 
-def report(comm, ns, runs, threads):
-    """Print median [min, max] seconds per phase and measured bytes per rank (rank 0)."""
-    totals = [r[0] for r in runs]
-    sent = comm.gather(runs[-1][2].bytes_sent, root=0)
-    received = comm.gather(runs[-1][2].bytes_received, root=0)
-    if comm.rank != 0:
-        return
-    blas = "unpinned (no threadpoolctl)" if threads is None else f"{threads} BLAS thread(s) per rank"
-    print(f"deinsum program {ns['EQUATION']!r}: {ns['NPROCS']} ranks, {blas}, dtype {ns['DTYPE']}, "
-          f"{len(runs)} run(s); inputs start on rank 0, result gathered to rank 0 (both timed)")
-    print(f"  total        {summarize(totals)} s")
-    for phase in PHASES:
-        samples = [r[1].get(phase, 0.0) for r in runs]
-        if any(samples):
-            print(f"  {phase:<12} {summarize(samples)} s")
-    model = ns["MODEL_BYTES"]
-    print("  rank  bytes sent  bytes received  (model sent/received)")
-    for rank, (s, r) in enumerate(zip(sent, received)):
-        print(f"  {rank:>4}  {s:>10}  {r:>14}  ({model[rank][0]}/{model[rank][1]})")
-    match = all((s, r) == tuple(model[k]) for k, (s, r) in enumerate(zip(sent, received)))
-    print(f"  measured bytes {'==' if match else '!='} model")
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

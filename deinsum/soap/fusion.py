@@ -30,7 +30,7 @@ import sympy as sp
 from ..errors import DeinsumError
 from .numeric import NumericBound, check_positive, numeric_bound
 from .parallel import LAYOUT, ParallelBound, check_ranks, parallel_bound
-from .statement import P as P_SYMBOL, S as S_SYMBOL, Statement
+from .statement import S as S_SYMBOL, Statement
 from .symbolic import SymbolicBound, symbolic_bound
 
 #: Fast memory (words) assumed for concrete sizes when no S is given: 2**27 words = 1 GiB of float64.
@@ -264,11 +264,3 @@ def _reference_cost(terms: tuple[str, ...], S: float) -> float:
     if sym.has_bound:
         return float(REFERENCE_N) ** len(st.variables) / float(sym.rho.subs(S_SYMBOL, S))
     return numeric_bound(st, {v: REFERENCE_N for v in st.variables}, S).Q
-
-
-def parallel_expressions(group: GroupBound, P: int | None) -> dict[str, sp.Expr | None]:
-    """Symbolic parallel bounds of a group (P and the given S substituted)."""
-    sym = group.symbolic
-    subs = {} if P is None else {P_SYMBOL: P}
-    return {k: None if e is None else group.subs(e.subs(subs))
-            for k, e in (("Q_dep", sym.Q_dep), ("Q_indep", sym.Q_indep), ("XP", sym.XP))}

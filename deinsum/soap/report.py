@@ -14,7 +14,7 @@ import math
 
 import sympy as sp
 
-from .fusion import Analysis, GroupBound, parallel_expressions
+from .statement import P as P_SYMBOL
 
 
 def _num(x) -> str:
@@ -25,11 +25,11 @@ def _expr(e) -> str:
     return "-" if e is None else str(e)
 
 
-def _group_name(a: Analysis, g: tuple[int, ...]) -> str:
+def _group_name(a, g: tuple[int, ...]) -> str:
     return "+".join(a.steps[k].name for k in g)
 
 
-def _partition_name(a: Analysis, p) -> str:
+def _partition_name(a, p) -> str:
     return " ".join(f"[{_group_name(a, g)}]" for g in p)
 
 
@@ -43,13 +43,13 @@ def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> lis
     return [line(headers), indent + "-" * (sum(widths) + 2 * len(widths) - 2)] + [line(r) for r in rows]
 
 
-def _note(g: GroupBound) -> str:
+def _note(g) -> str:
     if g.symbolic.ok:
         return "exact"
     return "asymptotic" if g.symbolic.has_bound else "numeric only"
 
 
-def text(a: Analysis) -> str:
+def text(a) -> str:
     """Readable report: chosen schedule, per-group table, candidates, parallel bounds, notes."""
     sizes = "symbolic" if a.sizes is None else " ".join(f"{k}={v}" for k, v in a.sizes.items())
     S = "symbolic" if a.S is None else f"{a.S:g} words"
@@ -113,7 +113,7 @@ def _tex(e) -> str:
     return f"${sp.latex(e)}$"
 
 
-def latex(a: Analysis) -> str:
+def latex(a) -> str:
     """A booktabs table of the chosen groups, then inline formulas for the text."""
     numeric = a.sizes is not None
     cols = ["Group", "Statement", r"$\sigma$", r"$X_0$", r"$\rho$", r"$Q \geq$"] + (["$Q$ (sizes)"] if numeric else [])
@@ -145,9 +145,9 @@ def _json_num(x):
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def as_dict(a: Analysis) -> dict:
+def as_dict(a) -> dict:
     """JSON-ready data: expressions as strings, numbers as floats (non-finite -> None)."""
-    def group(g: GroupBound) -> dict:
+    def group(g) -> dict:
         d = {"steps": list(g.steps), "names": [a.steps[k].name for k in g.steps], "statement": g.statement.equation,
              "tensors": list(g.statement.names), "symbolic": g.symbolic.to_dict(), "cost": _json_num(g.cost)}
         if g.numeric is not None:
@@ -168,3 +168,11 @@ def as_dict(a: Analysis) -> dict:
             "groups": [group(g) for g in a.groups],
             "candidates": [{"partition": [list(g) for g in c.partition], "cost": _json_num(c.cost), "Q": total(c)}
                            for c in a.candidates]}
+
+
+def parallel_expressions(group, P: int | None) -> dict[str, sp.Expr | None]:
+    """Symbolic parallel bounds of a group (P and the given S substituted)."""
+    sym = group.symbolic
+    subs = {} if P is None else {P_SYMBOL: P}
+    return {k: None if e is None else group.subs(e.subs(subs))
+            for k, e in (("Q_dep", sym.Q_dep), ("Q_indep", sym.Q_indep), ("XP", sym.XP))}

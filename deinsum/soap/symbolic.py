@@ -92,8 +92,8 @@ class SymbolicBound:
     but not tight lower bound), or all None.
 
     ``chi`` (in X), ``X0``, ``rho``, ``tiles`` (index -> tile at X0), ``Q >= |V|/rho``;
-    for P ranks: ``XP`` solves ``chi(XP) = |V|/P``, ``Q_dep = |V|/(P rho)``
-    (memory-dependent), ``Q_indep = XP - owned`` (memory-independent; ``owned``: a rank's
+    for P ranks: ``XP`` solves ``chi(XP) = |V|/P``, ``Q_dep = |V|/(P rho) - (X0 - S)``
+    (memory-dependent, segment argument; a bound where positive), ``Q_indep = XP - owned`` (memory-independent; ``owned``: a rank's
     share of the inputs and of the result, evenly block-distributed, no replication),
     ``tiles_P`` (index -> tile at XP).
     """
@@ -159,7 +159,7 @@ def _bound(terms: tuple[str, ...]) -> SymbolicBound:
     return SymbolicBound(
         statement, not dropped, reason, sol.sigma, sol.chi(X), X0, rho,
         _per_variable(sol.tiles_at(X0), back, statement), V / rho,
-        XP, V / (P * rho), XP - owned, _per_variable(sol.tiles_at(XP), back, statement), dropped)
+        XP, V / (P * rho) - (X0 - S), XP - owned, _per_variable(sol.tiles_at(XP), back, statement), dropped)
 
 
 def _per_variable(tiles: dict[str, sp.Expr], back: dict[str, str], statement: Statement) -> dict[str, sp.Expr]:

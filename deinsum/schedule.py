@@ -1,0 +1,209 @@
+"""The typed schedule of a Plan: compute steps and moves, each move a sequence of named collectives.
+
+A :class:`Move` takes one tensor from a ``src`` to a ``dst`` layout. It runs as
+one or two :class:`Exchange` steps, each with a kind named after the MPI
+collective it amounts to (:func:`classify`, a pure function of the layouts)
+and the :class:`Communicator` it runs on: every rank (``world``), or the
+``Cart_sub`` of a group's grid that holds the partial sums of one block.
+Every kind is executed by the same subarray ``Alltoallw`` exchange; the kind
+names it for the reader of a listing.
+
+>>> from deinsum.layout import Layout
+>>> classify(Layout.on_root((6, 4), 4), Layout.even((6, 4), 4), 4)
+'scatter'
+>>> partial = Layout((8,), grid=(1, 4), axes=(0,), partial=(1,))
+>>> move = Move("t0", "reduce", partial, Layout.replicated((8,), 4), 4, group=0)
+>>> [(e.kind, e.comm.name) for e in move.exchanges]     # an allreduce as reduce-scatter + all-gather
+[('reduce_scatter', 'grid0_sum'), ('allgather', 'world')]
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .errors import DeinsumError
+from .layout import Layout
+from .redistribute import Redistribution, plan_redistribution, received_words
+
+#: Every kind of exchange step, named after the collective it amounts to.
+KINDS = ("scatter", "broadcast", "gather", "allgather", "transpose", "reduce", "allreduce", "reduce_scatter",
+         "redistribute")
+
+
+@dataclass(frozen=True)
+class Communicator:
+    """Where an exchange runs: every rank (``group`` None), or the ``Cart_sub`` keeping grid dims ``remain``
+    of group ``group``'s Cartesian grid ``grid`` (``Create_cart(grid, reorder=False)`` of the world).
+
+    >>> sums = Communicator((2, 3), (1,), group=0)
+    >>> sums.rank_of(4), sums.color(4), sums.rank_of(6)
+    (1, 1, None)
+    """
+
+    grid: tuple[int, ...] = ()
+    remain: tuple[int, ...] = ()
+    group: int | None = None
+
+    @property
+    def name(self) -> str:
+        """``world``, or ``grid<g>_sum``: the ranks of group g's grid that hold partial sums of one block."""
+        return "world" if self.group is None else f"grid{self.group}_sum"
+
+    @cached_property
+    def _numbering(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per rank of the grid: its rank in its sub-communicator, and which sub-communicator (C order)."""
+        coords = np.unravel_index(np.arange(math.prod(self.grid)), self.grid)
+        others = tuple(d for d in range(len(self.grid)) if d not in self.remain)
+
+        def ravel(dims):
+            return np.ravel_multi_index(tuple(coords[d] for d in dims), tuple(self.grid[d] for d in dims))
+
+        return ravel(self.remain), ravel(others)
+
+    def rank_of(self, rank: int) -> int | None:
+        """World ``rank``'s rank in this communicator (None: not in it)."""
+        if self.group is None:
+            return rank
+        return int(self._numbering[0][rank]) if rank < math.prod(self.grid) else None
+
+    def color(self, rank: int) -> int | None:
+        """Which of the sub-communicators ``rank`` is in (C order of its coordinates on the other grid dims)."""
+        return int(self._numbering[1][rank]) if rank < math.prod(self.grid) else None
+
+
+WORLD = Communicator()
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One collective step of a move: what it amounts to (one of :data:`KINDS`) and where it runs."""
+
+    kind: str
+    comm: Communicator
+
+
+@dataclass(frozen=True)
+class Compute:
+    """The local steps of one fused group on its grid (``group`` is a :class:`deinsum.plan.GroupPlan`)."""
+
+    group: object
+
+
+def _one_rank(layout: Layout) -> bool:
+    return layout.nranks == 1 and not layout.partial
+
+
+def _everywhere(layout: Layout, nprocs: int) -> bool:
+    split = any(layout.grid[g] > 1 for g in layout.split_dims)
+    return not split and not layout.partial and layout.nranks >= nprocs
+
+
+def _distinct(layout: Layout) -> bool:
+    """No block is held by two ranks."""
+    return all(layout.grid[g] == 1 for g in layout.replicated_dims)
+
+
+def _plain_kind(distinct_src: bool, dst: Layout, nprocs: int) -> str:
+    if _one_rank(dst):
+        return "gather"
+    if _everywhere(dst, nprocs):
+        return "allgather"
+    return "transpose" if distinct_src and _distinct(dst) else "redistribute"
+
+
+def classify(src: Layout, dst: Layout, nprocs: int) -> str:
+    """The collective a one-step move from ``src`` to ``dst`` amounts to (one of :data:`KINDS`).
+
+    >>> from deinsum.layout import Layout
+    >>> even, root, every = Layout.even((6, 4), 4), Layout.on_root((6, 4), 4), Layout.replicated((6, 4), 4)
+    >>> classify(even, root, 4), classify(even, every, 4), classify(root, every, 4)
+    ('gather', 'allgather', 'broadcast')
+    >>> classify(Layout((6, 4), (4,), (0, None)), Layout((6, 4), (4,), (None, 0)), 4)
+    'transpose'
+    """
+    if src.partial:
+        if _one_rank(dst):
+            return "reduce"
+        if _everywhere(dst, nprocs):
+            return "allreduce"
+        return "reduce_scatter" if _distinct(dst) else "redistribute"
+    if _one_rank(src):
+        return "broadcast" if _everywhere(dst, nprocs) else "scatter"
+    return _plain_kind(_distinct(src), dst, nprocs)
+
+
+@dataclass(frozen=True)
+class Move:
+    """A planned redistribution of one tensor from ``src`` to ``dst`` layout on ``nprocs`` ranks.
+
+    ``phase`` names the timer it counts under; ``group`` is the group whose grid
+    made ``src`` (None for an input). The exchange tables are built on first use
+    (running or emitting); the volume model answers reports for any number of
+    ranks without them.
+    """
+
+    tensor: str
+    phase: str
+    src: Layout
+    dst: Layout
+    nprocs: int
+    group: int | None = None
+
+    @cached_property
+    def redistribution(self) -> Redistribution:
+        return plan_redistribution(self.src, self.dst, self.nprocs)
+
+    @cached_property
+    def words_received(self) -> np.ndarray:
+        """Modeled words each rank receives (vectorised; equal to the tables' counts)."""
+        return received_words(self.src, self.dst, self.nprocs)
+
+    @cached_property
+    def exchanges(self) -> tuple[Exchange, ...]:
+        """The collective steps, in order: a reduce-scatter first where the redistribution sums in two steps.
+
+        The reduce-scatter keeps every block inside the ranks holding its partial
+        sums (the output of a group has one holder per block and summand), so it
+        runs on the ``Cart_sub`` of the producing group's grid over ``src.partial``.
+        """
+        if self.redistribution.method == "direct":
+            return (Exchange(classify(self.src, self.dst, self.nprocs), WORLD),)
+        sums = WORLD
+        if self.group is not None and _distinct(self.src):
+            sums = Communicator(self.src.grid, tuple(sorted(self.src.partial)), self.group)
+        return Exchange("reduce_scatter", sums), Exchange(_plain_kind(True, self.dst, self.nprocs), WORLD)
+
+    def table(self, rank: int) -> tuple:
+        """``rank``'s table of every exchange step, peers numbered in that step's communicator
+        (see :func:`deinsum.codegen.exchange.exchange`); a rank outside a step's communicator gets None."""
+        tables = self.redistribution.table(rank)
+        return tuple(_renumbered(t, e.comm, rank) for t, e in zip(tables, self.exchanges))
+
+    @property
+    def label(self) -> str:
+        return f"{self.tensor}: {self.phase}"
+
+
+def _renumbered(table: tuple, comm: Communicator, rank: int) -> tuple | None:
+    """``table`` of world ``rank`` with its peers numbered in ``comm``."""
+    if comm.group is None:
+        return table
+    in_held, in_shape, out_held, out_shape, sends, recvs, ops = table
+    color = comm.color(rank)
+    if color is None:
+        if sends or recvs or ops:
+            raise DeinsumError(f"rank {rank} outside {comm.name} has exchange work")
+        return None
+
+    def peer(p: int) -> int:
+        if comm.color(p) != color:
+            raise DeinsumError(f"rank {rank} exchanges with rank {p} outside its {comm.name} communicator")
+        return comm.rank_of(p)
+
+    return (in_held, in_shape, out_held, out_shape,
+            tuple((peer(p),) + tuple(rest) for p, *rest in sends),
+            tuple((peer(p),) + tuple(rest) for p, *rest in recvs),
+            tuple((peer(p),) + tuple(rest) for p, *rest in ops))

@@ -1,0 +1,139 @@
+"""The import structure of deinsum/: declared layers, imports only downward, no circles.
+
+Every module (found by walking the files, imports read with ``ast`` wherever
+they appear, function bodies included) must be in :data:`LAYERS`; a module
+may import only modules of its own or a lower layer, and the import graph has
+no circle.
+"""
+import ast
+from pathlib import Path
+
+import deinsum
+from deinsum.codegen.emit import RUNTIME
+
+PACKAGE = Path(deinsum.__file__).parent
+
+#: Lowest first. A name covers that module or package and everything below it ("deinsum" is the
+#: package's own __init__ only).
+LAYERS = [
+    ["deinsum.errors", "deinsum.version"],
+    ["deinsum.decompose"],                   # front end: grammar, binary steps
+    ["deinsum.soap"],                        # bounds
+    ["deinsum.layout"],                      # layouts and block arithmetic
+    ["deinsum.grids"],                       # the grid search
+    ["deinsum.redistribute"],                # moves: exchange tables and their volume model
+    ["deinsum.schedule"],                    # typed schedule entries
+    ["deinsum.plan"],                        # the one immutable Plan
+    ["deinsum.codegen"],                     # the runtime modules and the emitter
+    ["deinsum.program"],                     # the compiled program
+    ["deinsum", "deinsum.cli"],              # the API and the command line
+]
+
+
+
+def module_name(path: Path) -> str:
+    parts = ("deinsum",) + path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The deinsum modules ``name`` imports anywhere in its file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            base = base[:len(base) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            targets = [f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module
+                       for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def layer_of(name: str) -> int:
+    best = None
+    for level, entries in enumerate(LAYERS):
+        for entry in entries:
+            covers = name == entry or (entry != "deinsum" and name.startswith(entry + "."))
+            if covers and (best is None or len(entry) > len(best[1])):
+                best = (level, entry)
+    assert best is not None, f"{name} is in no layer: declare it in LAYERS"
+    return best[0]
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def violations() -> set[str]:
+    found = modules()
+    graph = {name: imports(name, path, set(found)) for name, path in found.items()}
+    bad = {f"upward: {a} -> {b}" for a, targets in graph.items() for b in targets if layer_of(b) > layer_of(a)}
+    bad |= {"circle: " + ", ".join(c) for c in circles(graph)}
+    return bad
+
+
+def test_imports_point_down_and_make_no_circle():
+    bad = violations()
+    assert not bad, f"layering violations: {sorted(bad)}"
+
+
+def test_the_walk_sees_relative_and_function_level_imports():
+    found = modules()
+    names = set(found)
+    assert "deinsum.program" in imports("deinsum", found["deinsum"], names)       # inside compile()
+    assert "deinsum.codegen.exchange" in imports("deinsum.codegen.runtime", found["deinsum.codegen.runtime"], names)
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_runtime_modules_are_standalone():
+    """Emitted scripts carry them: numpy, mpi4py, the standard library and each other only."""
+    allowed = {"numpy", "mpi4py", "threadpoolctl", "pytblis", "argparse", "math", "os", "sys", "functools"}
+    for module in RUNTIME:
+        tree = ast.parse((PACKAGE / "codegen" / module).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                assert {a.name.split(".")[0] for a in node.names} <= allowed, (module, ast.dump(node))
+            elif isinstance(node, ast.ImportFrom):
+                sibling = node.level == 1 and f"{node.module}.py" in RUNTIME
+                assert sibling or (node.level == 0 and node.module.split(".")[0] in allowed), (module, ast.dump(node))

@@ -1,0 +1,53 @@
+"""The typed schedule: move kinds from the layouts, communicators, tables renumbered per communicator."""
+import math
+
+import pytest
+
+import deinsum
+from deinsum.layout import Layout
+from deinsum.schedule import KINDS, WORLD, Communicator, Compute, Move, classify
+
+SHAPE, P = (6, 4), 4
+EVEN, ROOT, EVERY = Layout.even(SHAPE, P), Layout.on_root(SHAPE, P), Layout.replicated(SHAPE, P)
+ROWS, COLS = Layout(SHAPE, (4,), (0, None)), Layout(SHAPE, (4,), (None, 0))
+PARTIAL = Layout(SHAPE, (1, 4), (0, None), (1,))
+HALF = Layout(SHAPE, (2, 2), (0, None))          # rows split in 2, each block on 2 ranks
+
+
+@pytest.mark.parametrize("src, dst, kind", [
+    (ROOT, EVEN, "scatter"), (ROOT, EVERY, "broadcast"), (EVEN, ROOT, "gather"), (ROWS, EVERY, "allgather"),
+    (ROWS, COLS, "transpose"), (HALF, COLS, "redistribute"), (PARTIAL, ROOT, "reduce"),
+    (PARTIAL, EVERY, "allreduce"), (PARTIAL, COLS, "reduce_scatter"), (PARTIAL, HALF, "redistribute"),
+])
+def test_kinds_follow_the_layouts(src, dst, kind):
+    assert classify(src, dst, P) == kind and kind in KINDS
+
+
+def test_a_two_step_reduction_runs_its_reduce_scatter_on_the_groups_cart_sub():
+    move = Move("t0", "reduce", Layout((64,), (2, 4), (0,), (1,)), Layout.replicated((64,), 8), 8, group=3)
+    (first, second) = move.exchanges
+    assert (first.kind, first.comm.name, first.comm.remain) == ("reduce_scatter", "grid3_sum", (1,))
+    assert (second.kind, second.comm) == ("allgather", WORLD)
+    for rank in range(8):
+        table = move.table(rank)[0]
+        peers = [p for p, *_ in table[4]] + [p for p, *_ in table[5]]
+        assert peers and all(0 <= p < 4 for p in peers)                  # numbered inside the sub-communicator
+        assert move.table(rank)[1] == move.redistribution.table(rank)[1]  # the world step keeps world ranks
+
+
+def test_communicator_ranks():
+    sums = Communicator((2, 3, 2), (1,), group=0)
+    assert [sums.rank_of(r) for r in range(13)] == [0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2, None]
+    assert sums.color(3) == 1 and sums.color(12) is None and WORLD.rank_of(5) == 5
+
+
+def test_a_plans_schedule_is_typed_values_in_order():
+    plan = deinsum.compile("ij,jk,kl->il", (30, 20), (20, 10), (10, 5)).plan(nprocs=6, inputs="root", result="root")
+    assert all(isinstance(item, (Move, Compute)) for item in plan.schedule)
+    computes = [item.group.index for item in plan.schedule if isinstance(item, Compute)]
+    assert computes == list(range(len(plan.groups)))
+    for move in plan.moves:
+        assert all(e.kind in KINDS for e in move.exchanges)
+        assert move.group is None if move.tensor.startswith("in") else move.group in computes
+        for e in move.exchanges:
+            assert e.comm == WORLD or math.prod(e.comm.grid) <= 6
