@@ -185,22 +185,18 @@ class Program:
     def report(self, format: str = "text", nprocs: int | None = None, inputs: str | None = None,
                result: str | None = None) -> str:
         """The bounds report (``text``, ``latex`` or ``json``) followed, with shapes and P, by the plan."""
-        a = self.analysis(nprocs)
+        planned = self.shapes is not None and (nprocs or self.nprocs)
+        plan = self.plan(nprocs=nprocs, inputs=inputs, result=result) if planned else None
+        a = plan.analysis if plan is not None and plan.analysis is not None else self.analysis(nprocs)
         if format == "latex":
             return a.latex()
         if format == "json":
             import json
-            data = a.to_dict()
-            if self.shapes is not None and (nprocs or self.nprocs):
-                plan = self.plan(nprocs=nprocs, inputs=inputs, result=result)
-                data["received_bytes_per_rank"] = plan.received_bytes().tolist()
+            data = {"analysis": a.to_dict()} | ({} if plan is None else plan.to_dict())
             return json.dumps(data, indent=2, default=str)
         if format != "text":
             raise DeinsumError(f"report format {format!r}: expected text, latex or json")
-        text = str(a)
-        if self.shapes is not None and (nprocs or self.nprocs):
-            text += "\n\n" + str(self.plan(nprocs=nprocs, inputs=inputs, result=result))
-        return text
+        return str(a) + ("" if plan is None else "\n\n" + str(plan))
 
     def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None, inputs: str | None = None,
                   result: str | None = None) -> Path:
