@@ -572,9 +572,14 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
         bounds = [parallel_bound(g.statement, d.sizes, nprocs, plan.memory, owned) for g in c.groups]
         per_partition[c.partition] = bounds
         modeled = None if state is None else int(state.received.max(initial=0))
-        candidates.append((c.partition, max(b.Q for b in bounds), modeled))
+        candidates.append((c.partition, _whole(max(b.Q for b in bounds)), modeled))
     in_order = sorted(chosen, key=max)            # the plan's groups run in this order
     chosen_bounds = [per_partition[chosen][chosen.index(g)] for g in in_order]
     words, partition = min((b, p) for p, b, _ in candidates)
     binding = max(per_partition[partition], key=lambda b: b.Q).binding if words > 0 else "no positive bound"
-    return PlanBound(words, tuple(b.Q for b in chosen_bounds), tuple(candidates), binding)
+    return PlanBound(words, tuple(_whole(b.Q) for b in chosen_bounds), tuple(candidates), binding)
+
+
+def _whole(words: float) -> int:
+    """A bound on a count of words, rounded down to a whole word (rounding noise never lifts it)."""
+    return max(0, math.floor(words))
