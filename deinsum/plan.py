@@ -563,11 +563,12 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
         owned: dict[str, int] = {}
         state = scored.get(c.partition)
         if state is not None:
-            layouts = list(state.entry) + [(item.output, item.grid.layout(item.output_subscripts, d.sizes,
-                                                                           partial=False))
-                                           for kind, item in state.items if kind == "compute"]
+            # inputs where they start, the result where it ends, an intermediate's complete values where its
+            # group leaves them (a block of partial sums holds, after a reduce-scatter, 1/R of it complete)
+            layouts = list(state.entry) + [(item.output, item.grid.layout(item.output_subscripts, d.sizes))
+                                           for kind, item in state.items if kind == "compute" and item.output != "out"]
             for name, layout in layouts:
-                block = Layout(layout.shape, layout.grid, layout.axes).largest_block()
+                block = -(-Layout(layout.shape, layout.grid, layout.axes).largest_block() // layout.n_summands)
                 owned[name] = max(owned.get(name, 0), block)
         bounds = [parallel_bound(g.statement, d.sizes, nprocs, plan.memory, owned) for g in c.groups]
         per_partition[c.partition] = bounds

@@ -186,8 +186,10 @@ def measured_conditions(meta: list[dict], repeat: int) -> str:
 def model_conditions(rows) -> str:
     memory = next((r.memory_words for r in rows if r.memory_words), None)
     return (f"Conditions (model, no ranks): float64 bytes; {START}; bytes/rank = the busiest rank's received "
-            f"bytes in deinsum's plan. SOAP bound = deinsum.soap memory-independent per-rank bound summed over the "
-            f"plan's fused groups (local memory S = {memory} words for the memory-dependent bound). Artifact = the "
+            f"bytes in deinsum's plan. Best known = the construction of shared/notes/optimal-plans.md section 1. "
+            f"Bound (any fusion) = the plan's printed per-rank lower bound, which holds for every fusion candidate "
+            f"deinsum plans; bound (this fusion) = the chosen fusion's, each group one statement (memory per rank "
+            f"{memory} words for the memory-dependent part). Artifact = the "
             f"original artifact's grids scored with scripts/model_volume.py's model (each group from and to even "
             f"layouts; TTMc step order assumed).")
 
@@ -196,8 +198,8 @@ def notes(model_rows, runs) -> list[str]:
     out = []
     below = [f"{r.kernel} P={r.nprocs}" for r in model_rows if r.ratio_to_bound is not None and r.ratio_to_bound < 1]
     if below:
-        out.append(f"{len(below)} model row(s) fall below deinsum.soap's memory-independent bound ({', '.join(below)}):"
-                   " the bound limits what the busiest rank receives or sends, bytes/rank counts received bytes only.")
+        out.append(f"{len(below)} model row(s) fall below the printed lower bound ({', '.join(below)}): a defect "
+                   "of the bound, report it.")
     failed = [f"{r.kernel} P={r.nprocs} ({r.failure})" for r in model_rows if r.failure]
     if failed:
         out.append("Not modeled, the planner ran past the sweep's limits: " + "; ".join(failed) + ".")

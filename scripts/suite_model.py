@@ -22,7 +22,8 @@ import numpy as np
 
 import deinsum
 import deinsum.program  # noqa: F401  -- imported once here: forked planners inherit it
-from suite_sizes import artifact_groups, artifact_words, equation_of, shapes_of, weak_scaling_sizes
+from suite_sizes import (artifact_groups, artifact_words, construction_words, equation_of, shapes_of,
+                         weak_scaling_sizes)
 
 #: Up to this many ranks the sweep also builds the exchange tables, for per-rank sent bytes.
 TABLE_PROCS = 512
@@ -33,7 +34,8 @@ DTYPE = np.dtype(np.float64)
 class ModelRow:
     """One kernel on P ranks: deinsum's grids, modeled bytes per rank, SOAP bounds, the artifact's volume.
 
-    Bytes are per rank for float64; the bounds are summed over the plan's fused groups.
+    Bytes are per rank for float64. ``lower_bound`` holds for any fusion deinsum can plan (the printed
+    bound); ``schedule_bound`` for the chosen fusion, each group as one statement.
     """
 
     kernel: str
@@ -44,9 +46,9 @@ class ModelRow:
     idle: int = 0
     received_max: int | None = None
     sent_max: int | None = None
-    bound_indep: float | None = None
-    bound_dep: float | None = None
-    binding: list[str] = field(default_factory=list)
+    lower_bound: float | None = None          # bytes: any fusion of the decomposition (the printed bound)
+    schedule_bound: float | None = None       # bytes: the chosen fusion, each group as one statement
+    construction: int | None = None           # bytes: the best known construction (optimal-plans.md section 1)
     artifact_grids: list[str] = field(default_factory=list)
     artifact_bytes: int | None = None
     memory_words: int | None = None
@@ -55,11 +57,17 @@ class ModelRow:
 
     @property
     def ratio_to_bound(self) -> float | None:
-        """Busiest rank's received bytes over the memory-independent SOAP bound (None when the bound is
-        under one byte: zero up to round-off)."""
-        if self.received_max is None or self.bound_indep < 1:
+        """Busiest rank's received bytes over the lower bound for any fusion (None when the bound is 0)."""
+        if self.received_max is None or not self.lower_bound:
             return None
-        return self.received_max / self.bound_indep
+        return self.received_max / self.lower_bound
+
+    @property
+    def ratio_to_construction(self) -> float | None:
+        """Busiest rank's received bytes over the best known construction's (where the note has one)."""
+        if self.received_max is None or not self.construction:
+            return None
+        return self.received_max / self.construction
 
     @property
     def artifact_over_ours(self) -> float | None:
@@ -68,7 +76,8 @@ class ModelRow:
         return self.artifact_bytes / self.received_max
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"ratio_to_bound": self.ratio_to_bound, "artifact_over_ours": self.artifact_over_ours}
+        return asdict(self) | {"ratio_to_bound": self.ratio_to_bound, "artifact_over_ours": self.artifact_over_ours,
+                               "ratio_to_construction": self.ratio_to_construction}
 
 
 def unplanned_row(kernel: str, nprocs: int) -> ModelRow:
@@ -78,6 +87,8 @@ def unplanned_row(kernel: str, nprocs: int) -> ModelRow:
     row.artifact_grids = [f"{g.indices}={'x'.join(map(str, grid))}" for g, grid in artifact_groups(kernel, nprocs)]
     words = artifact_words(kernel, sizes, nprocs)
     row.artifact_bytes = None if words is None else words * DTYPE.itemsize
+    words = construction_words(kernel, nprocs)
+    row.construction = None if words is None else words * DTYPE.itemsize
     return row
 
 
@@ -93,10 +104,8 @@ def model_row(kernel: str, nprocs: int) -> ModelRow:
         row.sent_max = max(sent for sent, _ in plan.model_bytes())
     row.grids = [f"{g.indices}={'x'.join(map(str, g.grid.dims))}" for g in plan.groups]
     row.idle = max(g.grid.idle for g in plan.groups)
-    bounds = [g.parallel for g in plan.analysis.groups]
-    row.bound_indep = sum(b.Q_indep for b in bounds) * DTYPE.itemsize
-    row.bound_dep = sum(b.Q_dep for b in bounds) * DTYPE.itemsize
-    row.binding = [b.binding for b in bounds]
+    row.lower_bound = plan.lower_bound_bytes
+    row.schedule_bound = plan.bound.chosen_words * DTYPE.itemsize
     row.memory_words = plan.memory
     return row
 

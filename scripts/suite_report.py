@@ -50,31 +50,32 @@ def sizes_label(sizes: dict[str, int]) -> str:
 # ------------------------------------------------------------------------------------------ model sweep
 
 def model_table(rows, markdown: bool = False) -> str:
-    headers = ["kernel", "P", "sizes", "deinsum grid(s)", "idle", "bytes/rank", "SOAP bound (mem-indep)",
-               "ours/bound", "mem-dep bound [binds]", "artifact grid(s)", "artifact bytes/rank", "artifact/ours",
+    headers = ["kernel", "P", "sizes", "deinsum grid(s)", "idle", "bytes/rank", "best known", "ours/best",
+               "bound (any fusion)", "bound (this fusion)", "ours/bound", "artifact bytes/rank", "artifact/ours",
                "plan"]
     cells = []
     for r in rows:
         ratio = r.ratio_to_bound
         flag = " (below bound)" if ratio is not None and ratio < 1 else ""
-        binds = "dep" if "memory-dependent" in r.binding else "indep"
         cells.append([r.kernel, str(r.nprocs), sizes_label(r.sizes), " ".join(r.grids) or "-",
-                      str(r.idle) if r.grids else "-", number(r.received_max), number(r.bound_indep),
+                      str(r.idle) if r.grids else "-", number(r.received_max), number(r.construction),
+                      number(r.ratio_to_construction, 3), number(r.lower_bound), number(r.schedule_bound),
                       (number(ratio, 3) + flag) if ratio is not None else "-",
-                      f"{number(r.bound_dep)} [{binds}]" if r.bound_dep is not None else "-",
-                      " ".join(r.artifact_grids) or "-", number(r.artifact_bytes), number(r.artifact_over_ours, 3),
+                      number(r.artifact_bytes), number(r.artifact_over_ours, 3),
                       r.failure or f"{r.plan_seconds:.1f} s"])
     return render(headers, cells, markdown)
 
 
 def plot_volume_vs_bound(rows, path: Path) -> Path:
-    """Per kernel: busiest rank's modeled bytes, the SOAP bound and the artifact's volume over P (log-log)."""
+    """Per kernel: busiest rank's modeled bytes, the best known construction, the bound of the chosen fusion and
+    the artifact's volume over P (log-log)."""
     kernels = list(dict.fromkeys(r.kernel for r in rows))
     fig, axes = _subplots(len(kernels))
     for ax, kernel in zip(axes, kernels):
         mine = [r for r in rows if r.kernel == kernel]
         for label, value, style in (("deinsum (model)", lambda r: r.received_max, "o-"),
-                                    ("SOAP bound (mem-indep)", lambda r: r.bound_indep, "k--"),
+                                    ("best known construction", lambda r: r.construction, "kx"),
+                                    ("lower bound (this fusion)", lambda r: r.schedule_bound, "k--"),
                                     ("artifact grid", lambda r: r.artifact_bytes, "s")):
             points = [(r.nprocs, value(r)) for r in mine if value(r)]
             if points:

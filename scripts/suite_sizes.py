@@ -25,6 +25,26 @@ MTTKRP3_SMALL_P_GRIDS = {1: (1, 1, 1, 1), 2: (1, 1, 2, 1), 4: (1, 2, 2, 1)}
 ARTIFACT_FAMILY = {"TTMc-O5-M0": "TTMc-O5"}
 
 
+#: Words the busiest rank receives in the best known construction (../shared/notes/optimal-plans.md
+#: section 1), at the paper's sizes, by P.
+CONSTRUCTIONS = {
+    "1MM": {8: 25_165_824, 64: 37_748_736, 512: 44_040_192, 4096: 47_185_920},
+    "MTTKRP-O3": {8: 81_459, 64: 138_656, 512: 215_814, 4096: 293_760},
+    "MTTKRP-O5": {8: 8_347, 64: 12_510, 512: 19_456, 4096: 23_012},
+    "TTMc-O5-M0": {8: 10_115, 64: 22_680, 512: 21_026_586, 4096: 12_948_458},
+}
+
+
+def construction_words(kernel: str, nprocs: int) -> int | None:
+    """The best known construction's words per rank for ``kernel`` on ``nprocs`` ranks, or None.
+
+    >>> construction_words("MTTKRP-O5-M2", 512), construction_words("2MM", 8)
+    (19456, None)
+    """
+    family = kernel[:9] if kernel.startswith("MTTKRP") else kernel
+    return CONSTRUCTIONS.get(family, {}).get(nprocs)
+
+
 def equation_of(kernel: str) -> str:
     return KERNELS[kernel][0]
 

@@ -37,7 +37,8 @@ def test_model_row_is_the_plan_and_the_artifact_volume_is_model_volumes():
     assert row.grids == ["ijk=" + "x".join(map(str, plan.groups[0].grid.dims))]
     theirs = next(r for r in model_volume.rows(procs=(8,)) if r.kernel == "1MM")
     assert row.artifact_bytes == 8 * theirs.artifact_volume
-    assert row.received_max >= row.bound_indep > 0   # the plan cannot move less than the lower bound
+    assert row.received_max >= row.schedule_bound >= row.lower_bound > 0   # no plan moves less than its bound
+    assert row.construction == 8 * 25_165_824 and row.ratio_to_construction <= 1.10
 
 
 def test_sweep_reports_plans_over_the_time_or_memory_limit(monkeypatch):
