@@ -56,7 +56,22 @@ def _program(args, nprocs=None):
     from . import compile as compile_einsum
     shapes = shapes_from_sizes(args.equation, parse_sizes(args.size)) if args.size else []
     return compile_einsum(args.equation, *shapes, nprocs=nprocs, dtype=args.dtype, memory=args.memory,
-                          inputs=args.inputs, result=args.result)
+                          inputs=args.inputs, result=args.result, layouts=parse_layouts(args.layout))
+
+
+def parse_layouts(options: list[str]) -> dict[str, str]:
+    """``["in0=even", "out=even"]`` -> pinned layouts by tensor name (operand numbers allowed: ``0=even``).
+
+    >>> parse_layouts(["0=even", "out=root"])
+    {'in0': 'even', 'out': 'root'}
+    """
+    pins = {}
+    for item in options:
+        name, sep, spec = item.partition("=")
+        if not sep or not name or not spec:
+            raise DeinsumError(f"--layout {item!r}: expected TENSOR=LAYOUT, e.g. in0=even or out=even")
+        pins[f"in{name}" if name.isdigit() else name] = spec
+    return pins
 
 
 def cmd_bound(args) -> int:
@@ -118,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where the inputs start: on every rank (global, default), on rank 0, or local blocks")
         p.add_argument("--result", choices=RESULTS, default="all",
                        help="where the result ends: on every rank (all, default), on rank 0, or distributed")
+        p.add_argument("--layout", action="append", default=[], metavar="TENSOR=LAYOUT",
+                       help="pin where an input (in0, in1, ... or 0, 1, ...) starts or a distributed result (out) "
+                            "ends: even, replicated or root; the plan is built around it (repeatable)")
         if ranks_flag:
             p.add_argument(*ranks_flag, dest="nprocs", type=int, required=ranks_required, default=None,
                            help="number of MPI ranks")

@@ -174,7 +174,7 @@ class Plan:
                      f"mean {float(received.mean()):,.0f}")
         if self.bound is not None:
             ours = int(received.max(initial=0)) / size
-            lines.append(f"  lower bounds per rank (bytes received by the busiest rank, words in brackets):")
+            lines.append("  lower bounds per rank (bytes received by the busiest rank, words in brackets):")
             lines.append(f"    {self.bound.chosen_words * size:>14,.0f} ({self.bound.chosen_words:,.0f})  "
                          f"{PlanBound.COVERS_CHOSEN}; ours / bound = {_ratio(ours, self.bound.chosen_words)}")
             lines.append(f"    {self.lower_bound_bytes:>14,.0f} ({self.bound.words:,.0f})  any schedule: "
@@ -217,8 +217,8 @@ class Plan:
                                                                   self.decomposition.input_subscripts)},
                 "exit": layout(self.exit, self.decomposition.output),
                 "groups": groups, "moves": moves,
-                "received_bytes_per_rank": int(received.max(initial=0)),
-                "received_bytes_all_ranks": received.tolist(),
+                "received_bytes_per_rank": received.tolist(),
+                "received_bytes_max": int(received.max(initial=0)),
                 "lower_bound_bytes_per_rank": self.lower_bound_bytes,
                 "lower_bound_covers": PlanBound.COVERS if self.bound is not None else None,
                 "chosen_schedule_bound_bytes_per_rank": 0.0 if self.bound is None else self.bound.chosen_words * size,

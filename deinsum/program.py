@@ -192,7 +192,7 @@ class Program:
             return a.latex()
         if format == "json":
             import json
-            data = {"analysis": a.to_dict()} | ({} if plan is None else plan.to_dict())
+            data = {"equation": a.equation, "analysis": a.to_dict()} | ({} if plan is None else plan.to_dict())
             return json.dumps(data, indent=2, default=str)
         if format != "text":
             raise DeinsumError(f"report format {format!r}: expected text, latex or json")

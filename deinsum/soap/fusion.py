@@ -243,11 +243,8 @@ def analyze(decomposition, S: float | None = None, P: int | None = None) -> Anal
                     for p in partitions(steps)), key=lambda c: (c.cost, len(c.partition), c.partition))
     if P is not None and sizes is not None:
         bounded = {g: replace(b, parallel=parallel_bound(b.statement, sizes, P, S)) for g, b in groups.items()}
-        cands = sorted((replace(c, groups=tuple(bounded[g] for g in c.partition)) for c in cands),
-                       key=lambda c: (c.parallel_Q, c.cost, len(c.partition), c.partition))
-        ranking = (f"ranked by the per-rank parallel bound at P = {P} (the largest of the groups'), "
-                   f"then the sequential bound at S = {S:g}")
-    elif sizes is None:
+        cands = [replace(c, groups=tuple(bounded[g] for g in c.partition)) for c in cands]
+    if sizes is None:
         s_text = f"S = {S:g}" if S is not None else f"S = {REFERENCE_S}"
         ranking = f"symbolic sizes: ranked at N_v = {REFERENCE_N} for every index, {s_text}"
     else:

@@ -54,7 +54,9 @@ def text(a) -> str:
     sizes = "symbolic" if a.sizes is None else " ".join(f"{k}={v}" for k, v in a.sizes.items())
     S = "symbolic" if a.S is None else f"{a.S:g} words"
     out = [f"SOAP I/O lower bound of {a.equation}", f"  sizes: {sizes}   S: {S}" + (f"   P: {a.P}" if a.P else ""),
-           f"  schedule: {_partition_name(a, a.chosen)}   Q >= {_expr(a.Q) if a.sizes is None else _num(a.Q)}", ""]
+           f"  schedule: {_partition_name(a, a.chosen)}   Q >= {_expr(a.Q) if a.sizes is None else _num(a.Q)}"
+           + ("" if a.candidates[0].parallel_Q is None else
+              f"   per rank on P = {a.P}: >= {_num(a.candidates[0].parallel_Q)} words"), ""]
     headers = ["group", "statement", "sigma", "X0", "rho", "Q >= (closed form)", "tile at X0", "form"]
     if a.sizes is not None:
         headers += ["Q >= (numeric)", "numeric tile", "clamped"]
