@@ -1,5 +1,6 @@
 """compile(...)(*arrays) under real mpiexec at P = 1..8: equals numpy, bytes == model."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +106,48 @@ if comm.rank == 0:
 def test_reduce_scatter_phase_runs_on_cart_sub(tmp_path):
     """The plan puts the reduce-scatter of t0's partial sums on the reduction group's Cart_sub."""
     assert check_mpi(6, CART_SUB, tmp_path=tmp_path, timeout=120).strip() == "OK"
+
+
+PINNED = """
+import sys
+sys.path.insert(0, TESTS)
+import numpy as np
+from mpi4py import MPI
+import deinsum
+from deinsum.layout import Layout
+from suite import SUITE, shapes_for
+
+comm = MPI.COMM_WORLD
+rng = np.random.default_rng(3)
+checked = 0
+for n, (name, (eq, sizes)) in enumerate(SUITE.items()):
+    shapes = shapes_for(eq, sizes)
+    out_shape = tuple(sizes[c] for c in eq.split("->")[1])
+    dtype = [np.float64, np.complex64, np.float32, np.complex128][n % 4]
+    for pins in ({0: "even", "out": "even"}, {1: "root"}, {"out": Layout.on_root(out_shape, comm.size)}):
+        prog = deinsum.compile(eq, *shapes, dtype=dtype, layouts=pins)
+        arrays = [np.asarray(rng.uniform(-1, 1, s), dtype=dtype) for s in shapes]
+        blocks = prog.input_blocks(comm.rank, comm.size, result="distributed")
+        got = prog(*[a[b] for a, b in zip(arrays, blocks)], inputs="local", result="distributed")
+        want = np.einsum(eq, *arrays)
+        tol = 1e-4 if dtype in (np.float32, np.complex64) else 1e-10
+        if got.block is not None:
+            assert np.allclose(got.local, want[got.block], rtol=tol, atol=tol * (np.abs(want).max() + 1)), (eq, pins)
+        assert prog.last_run.matches_model, (eq, pins, prog.last_run)
+        plan = prog.plan(nprocs=comm.size, inputs="local", result="distributed")
+        for key, spec in pins.items():
+            name_ = f"in{key}" if isinstance(key, int) else key
+            assert name_ in plan.pinned
+        checked += 1
+checked = comm.allreduce(checked)
+if comm.rank == 0:
+    print("OK", checked)
+"""
+
+
+@pytest.mark.parametrize("nprocs", [p if p in (3, 8) else pytest.param(p, marks=pytest.mark.slow) for p in range(1, 9)])
+def test_pinned_layouts_run_and_match_the_model(nprocs, tmp_path):
+    """Pinned inputs (even, root) and results (even, root) under mpiexec: equal numpy, bytes == model."""
+    tests = str(Path(__file__).resolve().parent)
+    out = check_mpi(nprocs, PINNED.replace("TESTS", repr(tests), 1), tmp_path=tmp_path, timeout=600)
+    assert out.split()[0] == "OK"
