@@ -129,6 +129,18 @@ class Plan:
         return sum((m.words_received for m in self.moves), np.zeros(self.nprocs, dtype=np.int64)) * self.dtype.itemsize
 
     @property
+    def data_share(self) -> int:
+        """Words of the inputs and result per rank when spread evenly: the least memory any plan needs."""
+        d = self.decomposition
+        tensors = [*d.input_subscripts, d.output]
+        return sum(-(-math.prod(d.sizes[c] for c in t) // self.nprocs) for t in tensors)
+
+    @property
+    def feasible(self) -> bool:
+        """Whether a rank's memory holds at least its share of the data (the segment bound needs it)."""
+        return self.memory >= self.data_share
+
+    @property
     def lower_bound_bytes(self) -> float:
         """Bytes per rank that any plan deinsum can make for this einsum and start receives at least."""
         return 0.0 if self.bound is None else self.bound.words * self.dtype.itemsize
@@ -153,7 +165,9 @@ class Plan:
         lines = [f"deinsum plan for {d.equation!r} on {self.nprocs} rank(s), dtype {self.dtype.name}",
                  f"  inputs: {INPUT_MODES[self.inputs]}; result: {RESULT_MODES[self.result]}"
                  + (f"; pinned: {', '.join(self.pinned)}" if self.pinned else ""),
-                 f"  memory per rank: {_human(self.memory * size)} ({self.memory:,} words of {size} B)",
+                 f"  memory per rank: {_human(self.memory * size)} ({self.memory:,} words of {size} B)"
+                 + ("" if self.feasible else f"; INFEASIBLE: less than the data's share per rank, "
+                                             f"{_human(self.data_share * size)}"),
                  str(d), ""]
         for g in self.groups:
             ops = "; ".join(s.operation for s in g.steps)
@@ -212,7 +226,8 @@ class Plan:
                   if self.nprocs <= 4096 else None} for m in self.moves]
         return {"equation": self.equation, "nprocs": self.nprocs, "dtype": self.dtype.name,
                 "inputs": self.inputs, "result": self.result, "pinned": list(self.pinned),
-                "memory_bytes_per_rank": self.memory * size,
+                "memory_bytes_per_rank": self.memory * size, "feasible": self.feasible,
+                "data_share_bytes_per_rank": self.data_share * size,
                 "entry": {n: layout(lay, s) for n, lay, s in zip(self.decomposition.input_names, self.entry,
                                                                   self.decomposition.input_subscripts)},
                 "exit": layout(self.exit, self.decomposition.output),

@@ -173,6 +173,14 @@ def test_plan_json_carries_the_whole_plan():
     assert math.isclose(data["memory_bytes_per_rank"], plan.memory * 8)
 
 
+def test_memory_below_the_data_share_is_reported_infeasible():
+    sizes = dict(i=40, j=30, k=20, a=6)
+    share = sum(-(-n // 8) for n in (40 * 30 * 20, 30 * 6, 20 * 6, 40 * 6))
+    tight = fair_plan("ijk,ja,ka->ia", sizes, 8, memory=share - 1)
+    assert not tight.feasible and "INFEASIBLE" in str(tight) and tight.to_dict()["feasible"] is False
+    assert fair_plan("ijk,ja,ka->ia", sizes, 8, memory=share).feasible
+
+
 @pytest.mark.parametrize("name", SUITE)
 def test_small_suite_plans_fit_every_p(name):
     eq, sizes = SUITE[name]
