@@ -291,7 +291,6 @@ def statements(draw):
     return Statement.from_terms(inputs, "".join(sorted(out)))
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="numeric_bound's brentq bracket fails for ijk->i (soap/numeric.py)")
 def test_numeric_bound_of_a_plain_reduction():
     st_ = Statement.from_terms(["ijk"], "i")
     assert not symbolic_bound(st_).ok and symbolic_bound(st_).has_bound

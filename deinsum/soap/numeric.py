@@ -155,7 +155,10 @@ class Problem:
         a, b = grid[min(k + 1, len(grid) - 1)], grid[max(k - 1, 0)]
         lm = grid[k]                                           # refine where the derivative changes sign
         if dpsi(a) < 0 < dpsi(b):
-            lm = brentq(dpsi, a, b, xtol=1e-13, rtol=1e-15)
+            try:
+                lm = brentq(dpsi, a, b, xtol=1e-13, rtol=1e-15)
+            except ValueError:   # the warm-started inner solve moved dpsi's sign at an end (huge sizes): keep
+                pass             # the grid point; psi there is >= its minimum, so Q = |V|/rho stays a lower bound
         best = psi(lm)
         if math.isfinite(self.full):
             edge = self.log_volume - math.log(self.full - Sp)
