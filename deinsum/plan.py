@@ -521,7 +521,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
             raise DeinsumError(f"layouts: {key!r} is not a tensor of {d.equation!r} "
                                f"(expected one of {', '.join(names)})")
     if d.prepass and (inputs == "local" or set(pins) & {s.operands[0] for s in d.prepass}):
-        names_ = ", ".join(s.operands[0] for s in d.prepass)
+        names_ = ", ".join(dict.fromkeys(s.operands[0] for s in d.prepass))
         raise DeinsumError(f"operand(s) {names_} need a unary pre-pass (diagonal, sum or broadcast): "
                            f"pass global arrays (inputs='global' or 'root')")
     shape_of = lambda sub: tuple(d.sizes[c] for c in sub)  # noqa: E731
@@ -537,14 +537,13 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
               else None if result == "distributed" else mode_layout(result, shape_of(d.output), nprocs))
     analysis = analyze(d, S=memory, P=nprocs) if d.steps else None
 
-    if not d.steps:  # a single operand: the pre-pass makes the result where the operand is
-        start = starts["in0"] or mode_layout("local", shape_of(d.raw_subscripts[0]), nprocs)
-        src = mode_layout("local" if inputs == "local" else inputs, shape_of(d.output), nprocs)
+    if not d.steps:  # a single operand (global or root): the pre-pass makes the result where the operand is
+        src = mode_layout(inputs, shape_of(d.output), nprocs)
         final = finish or Layout.even(shape_of(d.output), nprocs)
         schedule = () if _holds_blocks(src, final, nprocs) else (
             Move("out", "gather" if finish is not None else "redistribute", src, final, nprocs),)
-        return Plan(d, nprocs, dtype, memory, inputs, result, analysis, (), (start,), final, schedule,
-                    tuple(sorted(pins)), ())
+        return Plan(d, nprocs, dtype, memory, inputs, result, analysis, (), (starts["in0"],), final, schedule,
+                    tuple(sorted(pins)))
 
     planner = _Planner(d, nprocs, starts, finish)
     scored = []
