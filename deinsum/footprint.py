@@ -56,7 +56,7 @@ def footprint(plan) -> np.ndarray:
             transient = np.maximum(transient, m.src.n_summands * dst + 2 * _words(m.src, P))
     for g in plan.groups:
         for s in g.steps:
-            held += _words(g.grid.layout(s.output, sizes, partial=True), P)
+            held += _words(g.grid.layout(s.output, sizes, partial=False), P)
             copies = sum(_words(g.grid.layout(sub, sizes, partial=False), P) for sub in s.subscripts)
             transient = np.maximum(transient, copies)
     return (held + transient) * plan.dtype.itemsize

@@ -17,9 +17,11 @@ from typing import Sequence
 
 import numpy as np
 
+from .codegen.checks import agree, check_cast, check_output_path, collectively, write_atomically
 from .codegen.emit import generate
 from .decompose import Decomposition, decompose
 from .errors import DeinsumError
+from .footprint import check_footprint
 from .grids import Layout
 from .plan import Plan, build_plan
 from .soap import analyze
@@ -94,12 +96,15 @@ class Program:
     inputs: str = "global"
     output: str = "all"
     threads: str | None = "auto"
+    casting: str = "safe"
     last_run: RunReport | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if self.shapes is not None:
             self.shapes = tuple(tuple(int(n) for n in s) for s in self.shapes)
         self.dtype = None if self.dtype is None else as_dtype(self.dtype)
+        if self.casting not in ("no", "equiv", "safe", "same_kind", "unsafe"):
+            raise DeinsumError(f"casting={self.casting!r}: expected one of no, equiv, safe, same_kind, unsafe")
         if not isinstance(self.equation, str):
             raise DeinsumError(f"the einsum equation must be a string, not {type(self.equation).__name__}")
         # parametric with '...': the decomposition waits for the shapes of a call
@@ -150,12 +155,10 @@ class Program:
 
     def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None) -> Path:
         """Write a standalone mpi4py program (inputs and result on rank 0); atomic write."""
-        plan = self.plan(nprocs=nprocs, dtype=dtype, inputs="root", output="root")
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(generate(plan))
-        tmp.replace(path)
-        return path
+        check_output_path(path, DeinsumError)
+        text = generate(self.plan(nprocs=nprocs, dtype=dtype, inputs="root", output="root")).encode()
+        write_atomically(path, lambda f: f.write(text))   # a unique temporary name: every rank may call it
+        return Path(path)
 
     def input_blocks(self, rank: int, nprocs: int, dtype=None) -> list[tuple[slice, ...] | None]:
         """The slice of each operand that ``rank`` must pass with ``inputs='local'``."""
@@ -164,23 +167,23 @@ class Program:
 
     # ---- running -----------------------------------------------------------------------------------
     def __call__(self, *arrays, comm=None, inputs: str | None = None, output: str | None = None):
-        """Run on ``comm`` (default COMM_WORLD); returns the result as ``output`` asks."""
+        """Run on ``comm`` (default COMM_WORLD); returns the result as ``output`` asks.
+
+        Collective and checked before any work: all ranks agree on the equation, operand count,
+        shapes, dtype, modes and communicator size, the plan fits the memory limit, and local
+        blocks match the plan; otherwise every rank raises the same one-line DeinsumError.
+        """
         from mpi4py import MPI
         comm = MPI.COMM_WORLD if comm is None else comm
         inputs, output = inputs or self.inputs, output or self.output
-        nops = self.equation.partition("->")[0].count(",") + 1
-        if len(arrays) != nops:
-            raise DeinsumError(f"{self.equation!r} takes {nops} operands, got {len(arrays)}")
-        shapes, dtype = self._shapes_and_dtype(arrays, comm, inputs)
-        plan = self.plan(shapes, comm.size, dtype, inputs, output)
+        facts, failure, shapes, dtype = self._facts(arrays, comm.rank, comm.size, inputs, output)
+        agree(comm, facts, failure, DeinsumError)
+        if inputs == "root":   # the other ranks learn rank 0's shapes and dtype
+            shapes, dtype = comm.bcast((shapes, dtype), root=0)
+        plan = collectively(comm, self._checked_plan, arrays, shapes, dtype, comm.rank, comm.size, inputs, output,
+                            error=DeinsumError)
         holds = inputs == "global" or inputs == "local" or comm.rank == 0
         operands = [np.asarray(a, dtype=dtype) if holds else None for a in arrays]
-        if inputs == "local":
-            for n, (a, layout) in enumerate(zip(operands, plan.entry)):
-                want = layout.local_shape(comm.rank)
-                if a.shape != tuple(want):
-                    raise DeinsumError(f"operand {n}: rank {comm.rank} must pass its block of shape {tuple(want)}"
-                                       f" (see Program.input_blocks), not {a.shape}")
         ns = _program(plan)
         if self.threads == "auto" and not _PINNED:
             ns["pin_blas_threads"](comm)
@@ -191,21 +194,44 @@ class Program:
         self.last_run = RunReport(comm.rank, dict(clock.seconds), log.bytes_sent, log.bytes_received, *model)
         if output == "distributed":
             return DistributedResult(result, plan.exit, comm.rank)
-        return result
+        return result[()] if result is not None and result.ndim == 0 else result  # numpy.einsum: a scalar
 
-    def _shapes_and_dtype(self, arrays, comm, inputs):
-        if inputs == "root":
-            meta = None
-            if comm.rank == 0:
-                meta = ([np.shape(a) for a in arrays], np.result_type(*[np.asarray(a) for a in arrays]).str)
-            shapes, code = comm.bcast(meta, root=0)
-            return tuple(map(tuple, shapes)), np.dtype(code)
-        dtype = self.dtype if self.dtype is not None else np.result_type(*[np.asarray(a) for a in arrays])
-        if inputs == "local":
-            if self.shapes is None:
+    def _facts(self, arrays, rank, size, inputs, output):
+        """This rank's facts to agree on, its local failure (or None), and its shapes and dtype."""
+        facts = {"equation": self.equation, "compiled shapes": self.shapes, "compiled dtype": self.dtype,
+                 "casting": self.casting, "inputs": inputs, "output": output, "communicator size": size,
+                 "operand count": len(arrays)}
+        shapes = dtype = None
+        try:
+            nops = self.equation.partition("->")[0].count(",") + 1
+            if len(arrays) != nops:
+                raise DeinsumError(f"{self.equation!r} takes {nops} operands, got {len(arrays)}")
+            if inputs == "local" and self.shapes is None:
                 raise DeinsumError("inputs='local' needs the global shapes: compile with shapes")
-            return self.shapes, np.dtype(dtype)
-        return tuple(np.shape(a) for a in arrays), np.dtype(dtype)
+            if inputs != "root" or rank == 0:
+                types = [np.asarray(a).dtype for a in arrays]
+                dtype = as_dtype(self.dtype if self.dtype is not None else np.result_type(*types))
+                for n, t in enumerate(types):
+                    check_cast(t, dtype, self.casting, f"operand {n}", DeinsumError)
+                shapes = self.shapes if inputs == "local" else tuple(tuple(np.shape(a)) for a in arrays)
+                if inputs != "root":
+                    facts.update({"shapes": shapes, "dtype": dtype})
+            failure = None
+        except Exception as exc:  # noqa: BLE001 - reported on every rank by agree()
+            failure = str(exc) if isinstance(exc, DeinsumError) else f"{type(exc).__name__}: {exc}"
+        return facts, failure, shapes, dtype
+
+    def _checked_plan(self, arrays, shapes, dtype, rank, size, inputs, output) -> Plan:
+        """The plan, once it fits the memory limit and this rank's local blocks match it."""
+        plan = self.plan(shapes, size, dtype, inputs, output)
+        check_footprint(plan, None if self.memory is None else self.memory * plan.dtype.itemsize)
+        if inputs == "local":
+            for n, (a, layout) in enumerate(zip(arrays, plan.entry)):
+                want = layout.local_shape(rank)
+                if np.shape(a) != tuple(want):
+                    raise DeinsumError(f"operand {n}: rank {rank} must pass its block of shape {tuple(want)}"
+                                       f" (see Program.input_blocks), not {np.shape(a)}")
+        return plan
 
 
 @lru_cache(maxsize=128)

@@ -28,7 +28,7 @@ for path in paths:
     ns = {"__name__": "emitted"}
     exec(compile(open(path).read(), path, "exec"), ns)
     status = ns["script_main"](ns, ["--validate", "--seed", "3"])
-    operands = ns["random_operands"](ns["INPUT_SHAPES"], ns["DTYPE"], 3) if comm.rank == 0 else [None] * len(ns["INPUT_SHAPES"])
+    operands = ns["validation_operands"](ns["INPUT_SHAPES"], ns["DTYPE"], 3) if comm.rank == 0 else [None] * len(ns["INPUT_SHAPES"])
     log, clock = ns["ByteLog"](), ns["Clock"]()
     ns["run_program"](comm, operands, log, clock)
     model = ns["MODEL_BYTES"][comm.rank]
@@ -98,7 +98,7 @@ def test_bad_input_file_fails_clearly(tmp_path):
     np.save(tmp_path / "b.npy", np.zeros((5, 3)))
     res = run_mpi_script(2, script, "--inputs", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
                          "--output", str(tmp_path / "o.npy"), timeout=60)
-    assert res.returncode == 2 and "must have shape (5, 4)" in res.stderr
+    assert res.returncode == 2 and "expected shape (5, 4), not (5, 3)" in res.stderr
     assert not (tmp_path / "o.npy").exists()
 
 

@@ -13,7 +13,7 @@ which every rank either goes on or raises the same one-line error.
 >>> agree(MPI.COMM_SELF, {}, failure="operand 1: bad shape")
 Traceback (most recent call last):
 ...
-ValueError: rank 0: operand 1: bad shape
+ValueError: operand 1: bad shape
 """
 import hashlib
 import os
@@ -55,6 +55,8 @@ def agree(comm, facts, failure=None, error=ValueError):
     failed = [(r, f) for r, (f, _) in enumerate(gathered) if f is not None]
     if failed:
         rank, message = failed[0]
+        if len(failed) == comm.Get_size() and all(f == message for _, f in failed):
+            raise error(message)   # the same failure everywhere: no rank to name
         others = [r for r, _ in failed[1:]]
         also = f" (also failing: {_ranks(others)})" if others else ""
         raise error(f"rank {rank}: {message}{also}")
@@ -83,7 +85,7 @@ def collectively(comm, check, *args, error=ValueError):
     >>> collectively(MPI.COMM_SELF, int, "x")
     Traceback (most recent call last):
     ...
-    ValueError: rank 0: invalid literal for int() with base 10: 'x'
+    ValueError: invalid literal for int() with base 10: 'x'
     """
     value, failure = None, None
     try:

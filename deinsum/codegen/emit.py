@@ -18,8 +18,9 @@ import numpy as np
 
 from .. import __version__
 from ..errors import DeinsumError
+from ..footprint import footprint
 
-HELPERS = ("kernels.py", "exchange.py", "runtime.py")
+HELPERS = ("kernels.py", "exchange.py", "checks.py", "runtime.py")
 _NAME = re.compile(r"^(in\d+|t\d+|out)$")
 
 
@@ -37,12 +38,6 @@ def helper_source() -> str:
         parts.append(f"# {'=' * 20} deinsum/codegen/{name} (verbatim) {'=' * 20}\n")
         parts.append((here / name).read_text())
     return "\n".join(parts)
-
-
-def rtol_for(dtype: np.dtype) -> float:
-    if dtype.kind in "iub":
-        return 0.0
-    return 1e-4 if np.finfo(dtype).bits <= 32 or dtype == np.complex64 else 1e-10
 
 
 def _comment_block(text: str) -> str:
@@ -72,11 +67,12 @@ def generate(plan) -> str:
         f"EQUATION = {d.equation!r}",
         f"NPROCS = {nprocs!r}",
         f"DTYPE = {plan.dtype.name!r}",
-        f"RTOL = {rtol_for(plan.dtype)!r}",
         f"SIZES = {sizes!r}",
         f"INPUT_SHAPES = {shapes!r}",
         "# per rank: (bytes sent, bytes received) predicted by the plan's model",
         f"MODEL_BYTES = {plan.model_bytes()!r}",
+        "# per rank: peak bytes held at once (an upper bound), checked against --memory before any work",
+        f"FOOTPRINT = {footprint(plan).tolist()!r}",
         "# MOVES[k][p][rank]: the Alltoallw table of phase p of move k for that rank (see exchange())",
         f"MOVES = {tables!r}",
         "",

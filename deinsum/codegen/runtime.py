@@ -1,8 +1,8 @@
 """Run-time support shared by emitted scripts and the in-process runtime.
 
 STANDALONE: imports only numpy and mpi4py; its source is pasted verbatim into
-emitted scripts (after kernels.py and exchange.py, whose names it uses:
-``reference_einsum``, ``ByteLog``).
+emitted scripts (after kernels.py, exchange.py and checks.py, whose names it
+uses: ``reference_einsum``, ``ByteLog``, ``agree``, ``load_npy`` ...).
 
 A generated program defines ``run_program(comm, operands, log, clock)`` and
 the data tables it reads; ``script_main`` turns it into a command-line tool.
@@ -67,19 +67,6 @@ class ProgramError(Exception):
     """A wrong run-time argument (sizes, number of ranks, input files)."""
 
 
-def random_operands(shapes, dtype, seed):
-    """Deterministic random operands in [-1, 1) (complex: both parts)."""
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(dtype)
-    out = []
-    for shape in shapes:
-        x = rng.uniform(-1, 1, shape)
-        if dtype.kind == "c":
-            x = x + 1j * rng.uniform(-1, 1, shape)
-        out.append(np.asarray(x, dtype=dtype))
-    return out
-
-
 def check_sizes(options, planned):
     """Validate ``--size i=4,j=5`` options against the planned sizes."""
     for option in options:
@@ -93,27 +80,11 @@ def check_sizes(options, planned):
 
 
 def load_operands(paths, shapes, dtype):
-    """Load ``.npy`` inputs on the root rank and check their shapes."""
+    """Load the ``.npy`` inputs (numpy's ``safe`` casting to the program's dtype)."""
     if len(paths) != len(shapes):
         raise ProgramError(f"--inputs takes {len(shapes)} files, got {len(paths)}")
-    out = []
-    for n, (path, shape) in enumerate(zip(paths, shapes)):
-        try:
-            x = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise ProgramError(f"--inputs {path}: cannot read ({exc})") from None
-        if x.shape != tuple(shape):
-            raise ProgramError(f"--inputs {path}: operand {n} must have shape {tuple(shape)}, not {x.shape}")
-        out.append(x.astype(dtype, copy=False))
-    return out
-
-
-def save_atomically(path, array):
-    """Write ``array`` to ``path`` via a temporary file and rename: never a half-written file."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.save(f, array, allow_pickle=False)
-    os.replace(tmp, path)
+    return [load_npy(path, shape, dtype, "safe", f"--inputs operand {n}", ProgramError)
+            for n, (path, shape) in enumerate(zip(paths, shapes))]
 
 
 def summarize(samples):
@@ -131,7 +102,12 @@ def script_main(ns, argv=None):
     parser.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0")
     parser.add_argument("--repeat", type=int, default=1, help="run K times; report median [min, max]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument("--memory", type=int, default=None,
+                        help="bytes per rank the run may use (default: MemAvailable shared by the node's ranks)")
     args = parser.parse_args(argv)
+    # every check before any work, agreed by all ranks: one error everywhere, never a hang
+    operands, failure = None, None
+    node_ranks = ranks_on_node(comm)   # collective, so before anything that may raise
     try:
         if comm.size != ns["NPROCS"]:
             raise ProgramError(f"this program was planned for {ns['NPROCS']} ranks, not {comm.size}: "
@@ -139,19 +115,22 @@ def script_main(ns, argv=None):
         check_sizes(args.size, ns["SIZES"])
         if args.repeat < 1:
             raise ProgramError("--repeat must be >= 1")
-        operands = None
+        limit = memory_available(node_ranks) if args.memory is None else args.memory
+        check_memory(ns["FOOTPRINT"][comm.rank], limit, f"this program (rank {comm.rank})", comm.rank, ProgramError)
         if comm.rank == 0:
+            if args.output:
+                check_output_path(args.output, ProgramError)
             if args.inputs:
                 operands = load_operands(args.inputs, ns["INPUT_SHAPES"], ns["DTYPE"])
             else:
-                operands = random_operands(ns["INPUT_SHAPES"], ns["DTYPE"], args.seed)
-        error = None
+                operands = validation_operands(ns["INPUT_SHAPES"], ns["DTYPE"], args.seed)
     except ProgramError as exc:
-        error = str(exc)
-    error = next((e for e in comm.allgather(error) if e), None)  # every rank stops on any rank's error
-    if error:
+        failure = str(exc)
+    try:
+        agree(comm, {"equation": ns["EQUATION"], "argv": sys.argv[1:] if argv is None else argv}, failure, ProgramError)
+    except ProgramError as exc:
         if comm.rank == 0:
-            print(f"error: {error}", file=sys.stderr)
+            print(f"error: {exc}", file=sys.stderr)
         return 2
     if operands is None:
         operands = [None] * len(ns["INPUT_SHAPES"])
@@ -165,17 +144,26 @@ def script_main(ns, argv=None):
         comm.Barrier()
         runs.append((MPI.Wtime() - start, clock.seconds, log))
     report(comm, ns, runs, threads)
-    status = 0
+    status, failure = 0, None
     if comm.rank == 0:
-        if args.validate:
-            want = reference_einsum(ns["EQUATION"], *operands)
-            ok = np.allclose(result, want, rtol=ns["RTOL"], atol=ns["RTOL"] * np.max(np.abs(want), initial=0))
-            print(f"validate: {'OK' if ok else 'MISMATCH'} (max abs error "
-                  f"{float(np.max(np.abs(result - want), initial=0)):.3g})")
-            status = 0 if ok else 1
-        if args.output:
-            save_atomically(args.output, result)
-            print(f"wrote {args.output}")
+        try:
+            if args.validate:
+                want = reference_einsum(ns["EQUATION"], *operands)
+                ok = matches(result, want, ns["DTYPE"])
+                print(f"validate: {'OK' if ok else 'MISMATCH'} (max abs error "
+                      f"{float(np.max(np.abs(result - want), initial=0)):.3g})")
+                status = 0 if ok else 1
+            if args.output:
+                save_atomically(args.output, result)
+                print(f"wrote {args.output}")
+        except Exception as exc:  # noqa: BLE001 - e.g. a full disk: one line, and no rank left waiting
+            failure = f"{type(exc).__name__}: {exc}"
+    try:
+        agree(comm, {}, failure, ProgramError)
+    except ProgramError as exc:
+        if comm.rank == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return 2
     return comm.bcast(status, root=0)
 
 
