@@ -19,9 +19,9 @@ import numpy as np
 
 from .codegen.checks import agree, check_cast, check_output_path, collectively, write_atomically
 from .codegen.emit import generate
-from .decompose import Decomposition, decompose
+from .decompose import Decomposition, as_shape, decompose
 from .errors import DeinsumError
-from .footprint import check_footprint
+from .footprint import check_footprint, footprint
 from .grids import Layout
 from .plan import Plan, build_plan
 from .soap import analyze
@@ -101,7 +101,7 @@ class Program:
 
     def __post_init__(self):
         if self.shapes is not None:
-            self.shapes = tuple(tuple(int(n) for n in s) for s in self.shapes)
+            self.shapes = tuple(as_shape(s, f"operand {n}") for n, s in enumerate(self.shapes))
         self.dtype = None if self.dtype is None else as_dtype(self.dtype)
         if self.casting not in ("no", "equiv", "safe", "same_kind", "unsafe"):
             raise DeinsumError(f"casting={self.casting!r}: expected one of no, equiv, safe, same_kind, unsafe")
@@ -116,7 +116,7 @@ class Program:
     def plan(self, shapes: Sequence[Sequence[int]] | None = None, nprocs: int | None = None, dtype=None,
              inputs: str | None = None, output: str | None = None) -> Plan:
         """The plan for these shapes, ranks, dtype and entry/exit layouts (cached)."""
-        shapes = self.shapes if shapes is None else tuple(tuple(int(n) for n in s) for s in shapes)
+        shapes = self.shapes if shapes is None else tuple(as_shape(s, f"operand {n}") for n, s in enumerate(shapes))
         if shapes is None:
             raise DeinsumError(f"{self.equation!r} was compiled without shapes: pass shapes to plan()")
         nprocs = nprocs if nprocs is not None else self.nprocs
@@ -145,12 +145,16 @@ class Program:
             if self.shapes is not None and (nprocs or self.nprocs):
                 plan = self.plan(nprocs=nprocs, inputs=inputs, output=output)
                 data["received_bytes_per_rank"] = plan.received_bytes().tolist()
+                data["peak_bytes_per_rank"] = footprint(plan).tolist()
             return json.dumps(data, indent=2, default=str)
         if format != "text":
             raise DeinsumError(f"report format {format!r}: expected text, latex or json")
         text = str(a)
         if self.shapes is not None and (nprocs or self.nprocs):
-            text += "\n\n" + str(self.plan(nprocs=nprocs, inputs=inputs, output=output))
+            plan = self.plan(nprocs=nprocs, inputs=inputs, output=output)
+            need = footprint(plan)
+            text += (f"\n\n{plan}\n  peak memory per rank (upper bound): max {int(need.max()):,} bytes "
+                     f"(rank {int(need.argmax())}), mean {float(need.mean()):,.0f}")
         return text
 
     def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None) -> Path:
