@@ -86,6 +86,32 @@ def _element_type(dtype):
         return MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
 
 
+#: Largest message in bytes: a piece above it (e.g. over 2**31 elements) goes point-to-point in
+#: C-order slabs of at most this size, so no MPI count, size or displacement can overflow an int.
+MAX_MESSAGE_BYTES = 2**31 - 1
+_BIG_TAG = 31
+
+
+def _slabs(starts, subsizes, limit):
+    """The box ``(starts, subsizes)`` as C-order slabs of at most ``limit`` elements, in order; each
+    slab is contiguous within the box's C-order layout.
+
+    >>> _slabs([0, 0], [3, 4], 8)
+    [([0, 0], [2, 4]), ([2, 0], [1, 4])]
+    >>> _slabs([1, 0], [1, 5], 2)
+    [([1, 0], [1, 2]), ([1, 2], [1, 2]), ([1, 4], [1, 1])]
+    """
+    starts, subsizes = list(starts), list(subsizes)
+    if math.prod(subsizes) <= limit:
+        return [(starts, subsizes)]
+    inner = math.prod(subsizes[1:])
+    if inner <= limit:
+        rows = limit // inner
+        return [([starts[0] + r] + starts[1:], [min(rows, subsizes[0] - r)] + subsizes[1:])
+                for r in range(0, subsizes[0], rows)]
+    return [([starts[0] + r] + s, [1] + z) for r in range(subsizes[0]) for s, z in _slabs(starts[1:], subsizes[1:], limit)]
+
+
 def _run_phase(comm, phase, block, dtype, element):
     in_held, in_shape, out_held, out_shape, sends, recvs, ops = phase
     rank, nprocs = comm.Get_rank(), comm.Get_size()
@@ -104,20 +130,45 @@ def _run_phase(comm, phase, block, dtype, element):
 
     send_counts, send_types = [0] * nprocs, [element] * nprocs
     recv_counts, recv_displs, recv_types = [0] * nprocs, [0] * nprocs, [element] * nprocs
-    created = []
+    created, requests, big_sent, big_received = [], [], 0, 0
+    limit = max(1, MAX_MESSAGE_BYTES // dtype.itemsize)
     try:
+        big_sends, big_recvs = [], []   # over the limit: sender and receiver both see it from subsizes
         for peer, starts, subsizes in sends:
-            send_counts[peer], send_types[peer] = 1, _subarray(element, in_shape, subsizes, starts, created)
+            if math.prod(subsizes) > limit:
+                big_sends.append((peer, starts, subsizes))
+            else:
+                send_counts[peer], send_types[peer] = 1, _subarray(element, in_shape, subsizes, starts, created)
         for peer, starts, subsizes, add in recvs:
-            if add:
+            if math.prod(subsizes) > limit:
+                big_recvs.append((peer, starts, subsizes, add))
+            elif add:
                 recv_counts[peer], recv_displs[peer] = math.prod(subsizes), staged_at[peer]
             else:
                 recv_counts[peer], recv_types[peer] = 1, _subarray(element, out_shape, subsizes, starts, created)
         send_buffer = block if in_held and block.size else np.empty(1, dtype=np.uint8)
         comm.Alltoallw([send_buffer, (send_counts, [0] * nprocs), send_types],
                        [buffer, (recv_counts, recv_displs), recv_types])
-        sent = sum(n * t.Get_size() for peer, (n, t) in enumerate(zip(send_counts, send_types)) if peer != rank)
-        received = sum(n * t.Get_size() for peer, (n, t) in enumerate(zip(recv_counts, recv_types)) if peer != rank)
+        for peer, starts, subsizes, add in big_recvs:
+            for at, size in _slabs(starts, subsizes, limit):
+                if add:   # contiguous in the staged piece: at its C-order offset
+                    offset = staged_at[peer] + sum((a - s) * math.prod(subsizes[k + 1:]) for k, (a, s)
+                                                   in enumerate(zip(at, starts))) * dtype.itemsize
+                    requests.append(comm.Irecv([buffer[offset:], math.prod(size), element], peer, _BIG_TAG))
+                else:
+                    requests.append(comm.Irecv([out, 1, _subarray(element, out_shape, size, at, created)], peer,
+                                               _BIG_TAG))
+            big_received += math.prod(subsizes) * dtype.itemsize * (peer != rank)
+        for peer, starts, subsizes in big_sends:
+            for at, size in _slabs(starts, subsizes, limit):
+                requests.append(comm.Isend([block, 1, _subarray(element, in_shape, size, at, created)], peer,
+                                           _BIG_TAG))
+            big_sent += math.prod(subsizes) * dtype.itemsize * (peer != rank)
+        MPI.Request.Waitall(requests)
+        sent = big_sent + sum(n * t.Get_size() for peer, (n, t) in enumerate(zip(send_counts, send_types))
+                              if peer != rank)
+        received = big_received + sum(n * t.Get_size() for peer, (n, t) in enumerate(zip(recv_counts, recv_types))
+                                      if peer != rank)
     finally:
         for datatype in created:
             datatype.Free()
