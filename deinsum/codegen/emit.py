@@ -78,7 +78,7 @@ def generate(plan) -> str:
         "",
     ]
     body = _run_program(plan)
-    footer = ["", "if __name__ == '__main__':", "    sys.exit(script_main(globals()))", ""]
+    footer = ["", "if __name__ == '__main__':", "    exit_with(script_main(globals()))", ""]
     return "\n".join(header) + "\n" + helper_source() + "\n\n" + "\n".join(data) + "\n" + body + "\n".join(footer)
 
 

@@ -167,6 +167,17 @@ def script_main(ns, argv=None):
     return comm.bcast(status, root=0)
 
 
+def exit_with(status):
+    """Exit an emitted script with ``status``, reached by every rank together. A failure exits after
+    ``MPI.Finalize`` so that ``python -m mpi4py`` does not turn it into an ``MPI_Abort`` message."""
+    if not status:
+        sys.exit(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    MPI.Finalize()
+    os._exit(status)
+
+
 def report(comm, ns, runs, threads):
     """Print median [min, max] seconds per phase and measured bytes per rank (rank 0)."""
     totals = [r[0] for r in runs]
