@@ -9,7 +9,9 @@ or emitted) holds at once on a rank, in bytes:
   output block on its group's grid (the program keeps its names to the end);
 * the largest transient on top: a step's operand copies (transposes for BLAS),
   or a reduction's staging buffers (partial sums received before they are added)
-  and the copy that releases them.
+  and the copy that releases them;
+* ``SLACK`` bytes for numpy's iterator buffers (a broadcast multiply buffers 2 x 8192
+  elements) and the Python objects of a call.
 
 It reads only the plan's decomposition, dtype, entry layouts, groups and moves.
 
@@ -20,7 +22,7 @@ True
 >>> check_footprint(plan, limit=10**6)
 Traceback (most recent call last):
 ...
-deinsum.errors.DeinsumError: the plan of 'i,j->ij' on 2 rank(s) needs 12,032,000 bytes per rank at its peak (rank 0) but 1,000,000 bytes are available per rank; use more ranks, or less replication (inputs/output 'local'/'distributed'), or raise the memory limit
+deinsum.errors.DeinsumError: the plan of 'i,j->ij' on 2 rank(s) needs 13,080,576 bytes per rank at its peak (rank 0) but 1,000,000 bytes are available per rank; use more ranks, or less replication (inputs/output 'local'/'distributed'), or raise the memory limit
 """
 from __future__ import annotations
 
@@ -30,6 +32,10 @@ import numpy as np
 
 from .codegen.checks import check_memory, memory_available
 from .errors import DeinsumError
+
+
+#: Bytes on top of the arrays: numpy ufunc buffers and the Python objects of one call.
+SLACK = 2**20
 
 
 def _words(layout, nprocs: int) -> np.ndarray:
@@ -59,7 +65,7 @@ def footprint(plan) -> np.ndarray:
             held += _words(g.grid.layout(s.output, sizes, partial=False), P)
             copies = sum(_words(g.grid.layout(sub, sizes, partial=False), P) for sub in s.subscripts)
             transient = np.maximum(transient, copies)
-    return (held + transient) * plan.dtype.itemsize
+    return (held + transient) * plan.dtype.itemsize + SLACK
 
 
 def default_limit(nprocs: int) -> int | None:

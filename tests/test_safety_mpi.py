@@ -125,16 +125,47 @@ def test_a_plan_over_the_memory_limit_is_refused_before_allocation(tmp_path):
         x = np.ones(100_000)
         attempt("default", lambda: deinsum.einsum("i,j->ij", x, x))   # 40 GB per rank: more than this machine has
         attempt("given", lambda: deinsum.einsum("i,j->ij", x[:1000], x[:1000], memory=10**5))
-        attempt("fits", lambda: deinsum.einsum("i,j->ij", x[:100], x[:100], memory=10**5), want=np.ones((100, 100)))
+        attempt("fits", lambda: deinsum.einsum("i,j->ij", x[:100], x[:100], memory=10**6), want=np.ones((100, 100)))
         print(f"rank {rank} maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} KiB", flush=True)
     '''), tmp_path=tmp_path, timeout=120)
     assert_clean(res, code=3)
     default = outcome(res.stdout, "default", 2)
     assert re.search(r"needs 1\d\d,\d{3},\d{3},\d{3} bytes per rank at its peak \(rank 0\) but [\d,]+ bytes are "
                      r"available per rank", default), default
-    assert "needs 12,032,000 bytes per rank at its peak (rank 0) but 800,000 bytes" in outcome(res.stdout, "given", 2)
+    assert "needs 13,080,576 bytes per rank at its peak (rank 0) but 800,000 bytes" in outcome(res.stdout, "given", 2)
     assert outcome(res.stdout, "fits", 2) == "right"
     assert max(int(k) for k in re.findall(r"maxrss (\d+) KiB", res.stdout)) < 1_000_000   # under 1 GB, not 40
+
+
+def test_footprint_bounds_the_measured_peak_on_every_rank(tmp_path):
+    res = run_mpi(3, job('''
+        import tracemalloc
+        from deinsum.footprint import footprint
+        rng = np.random.default_rng(0)
+        cases = [("ijk,ja,ka->ia", [(30, 24, 20), (24, 6), (20, 6)]), ("ij,jk->ik", [(40, 50), (50, 30)]),
+                 ("i,j->ij", [(300,), (200,)]), ("bij,bjk->bik", [(4, 20, 30), (4, 30, 10)]), ("ii->i", [(50, 50)])]
+        for eq, shapes in cases:
+            ops = [rng.standard_normal(s) for s in shapes]
+            for inputs, output in [("global", "all"), ("root", "root"), ("local", "distributed")]:
+                if inputs == "local" and eq == "ii->i":
+                    continue
+                prog = deinsum.compile(eq, *shapes, inputs=inputs, output=output, threads=None)
+                plan = prog.plan(nprocs=P)
+                args = ([x[b] for x, b in zip(ops, prog.input_blocks(rank, P))] if inputs == "local"
+                        else ops if inputs == "global" or rank == 0 else [None] * len(ops))
+                prog(*args)                        # warm: the program's text is compiled once
+                tracemalloc.start()
+                prog(*args)
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+                held = sum(a.nbytes for a in args if a is not None)   # allocated before tracing
+                bound = int(footprint(plan)[rank])
+                print(f"{eq} {inputs} rank {rank} measured {peak + held} bound {bound} "
+                      f"{'OK' if peak + held <= bound else 'UNDER'} @@", flush=True)
+    '''), tmp_path=tmp_path, timeout=150)
+    assert_clean(res, code=0)
+    rows = re.findall(r"(\S+ \w+) rank \d+ measured (\d+) bound (\d+) (\w+) @@", res.stdout)
+    assert len(rows) == 3 * 14 and all(ok == "OK" for *_, ok in rows), [r for r in rows if r[3] != "OK"]
 
 
 # ---- row 5: dtype=int32 with float inputs raises like numpy -------------------------------------------
