@@ -116,7 +116,7 @@ def script_main(ns, argv=None):
         if args.repeat < 1:
             raise ProgramError("--repeat must be >= 1")
         limit = memory_available(node_ranks) if args.memory is None else args.memory
-        check_memory(ns["FOOTPRINT"][comm.rank], limit, f"this program (rank {comm.rank})", comm.rank, ProgramError)
+        check_memory(ns["FOOTPRINT"][comm.rank], limit, "this program", comm.rank, ProgramError)
         if comm.rank == 0:
             if args.output:
                 check_output_path(args.output, ProgramError)
@@ -124,13 +124,10 @@ def script_main(ns, argv=None):
                 operands = load_operands(args.inputs, ns["INPUT_SHAPES"], ns["DTYPE"])
             else:
                 operands = validation_operands(ns["INPUT_SHAPES"], ns["DTYPE"], args.seed)
-    except ProgramError as exc:
-        failure = str(exc)
-    try:
-        agree(comm, {"equation": ns["EQUATION"], "argv": sys.argv[1:] if argv is None else argv}, failure, ProgramError)
-    except ProgramError as exc:
-        if comm.rank == 0:
-            print(f"error: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - any rank's failure stops every rank
+        failure = str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"
+    # the same arguments everywhere (else --repeat could differ and hang), and no failure anywhere
+    if not _agreed(comm, {"equation": ns["EQUATION"], "argv": sys.argv[1:] if argv is None else argv}, failure):
         return 2
     if operands is None:
         operands = [None] * len(ns["INPUT_SHAPES"])
@@ -158,13 +155,20 @@ def script_main(ns, argv=None):
                 print(f"wrote {args.output}")
         except Exception as exc:  # noqa: BLE001 - e.g. a full disk: one line, and no rank left waiting
             failure = f"{type(exc).__name__}: {exc}"
+    if not _agreed(comm, {}, failure):
+        return 2
+    return comm.bcast(status, root=0)
+
+
+def _agreed(comm, facts, failure):
+    """Collective :func:`agree`; on disagreement or any failure rank 0 prints the one-line error."""
     try:
-        agree(comm, {}, failure, ProgramError)
+        agree(comm, facts, failure, ProgramError)
     except ProgramError as exc:
         if comm.rank == 0:
             print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return comm.bcast(status, root=0)
+        return False
+    return True
 
 
 def exit_with(status):
