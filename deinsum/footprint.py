@@ -27,6 +27,7 @@ deinsum.errors.DeinsumError: the plan of 'i,j->ij' on 2 rank(s) needs 13,080,576
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import numpy as np
 
@@ -44,8 +45,10 @@ def _words(layout, nprocs: int) -> np.ndarray:
     return np.prod(hi - lo, axis=1, dtype=np.int64)
 
 
+@lru_cache(maxsize=128)
 def footprint(plan) -> np.ndarray:
-    """Peak bytes per rank (an upper bound; see the module docstring), as an int64 array."""
+    """Peak bytes per rank (an upper bound; see the module docstring), as an int64 array (cached: do not
+    modify it)."""
     d, P = plan.decomposition, plan.nprocs
     sizes = d.sizes
     volume = lambda sub: int(np.prod([sizes[c] for c in sub], dtype=np.int64))  # noqa: E731
