@@ -174,7 +174,7 @@ class Plan:
                      f"mean {float(received.mean()):,.0f}")
         if self.bound is not None:
             ours = int(received.max(initial=0)) / size
-            lines.append(f"  lower bounds per rank (bytes received by the busiest rank, words in brackets):")
+            lines.append("  lower bounds per rank (bytes received by the busiest rank, words in brackets):")
             lines.append(f"    {self.bound.chosen_words * size:>14,.0f} ({self.bound.chosen_words:,.0f})  "
                          f"{PlanBound.COVERS_CHOSEN}; ours / bound = {_ratio(ours, self.bound.chosen_words)}")
             lines.append(f"    {self.lower_bound_bytes:>14,.0f} ({self.bound.words:,.0f})  any schedule: "
@@ -506,7 +506,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
             raise DeinsumError(f"layouts: {key!r} is not a tensor of {d.equation!r} "
                                f"(expected one of {', '.join(names)})")
     if d.prepass and (inputs == "local" or set(pins) & {s.operands[0] for s in d.prepass}):
-        names_ = ", ".join(s.operands[0] for s in d.prepass)
+        names_ = ", ".join(dict.fromkeys(s.operands[0] for s in d.prepass))
         raise DeinsumError(f"operand(s) {names_} need a unary pre-pass (diagonal, sum or broadcast): "
                            f"pass global arrays (inputs='global' or 'root')")
     shape_of = lambda sub: tuple(d.sizes[c] for c in sub)  # noqa: E731
@@ -529,7 +529,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
         schedule = () if _holds_blocks(src, final, nprocs) else (
             Move("out", "gather" if finish is not None else "redistribute", src, final, nprocs),)
         return Plan(d, nprocs, dtype, memory, inputs, result, analysis, (), (start,), final, schedule,
-                    tuple(sorted(pins)), ())
+                    tuple(sorted(pins)))
 
     planner = _Planner(d, nprocs, starts, finish)
     scored = []
