@@ -14,7 +14,8 @@ from .version import __version__
 
 
 def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memory: int | None = None,
-            inputs: str = "global", result: str = "all", threads: str | None = "auto", layouts: dict | None = None):
+            inputs: str = "global", result: str = "all", threads: str | None = "auto", layouts: dict | None = None,
+            casting: str = "safe"):
     """Compile ``equation`` into a :class:`~deinsum.program.Program`.
 
     With ``shapes`` it plans concretely; without, it is parametric and plans (and
@@ -30,17 +31,30 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
     (``"out"``): a :class:`~deinsum.layout.Layout` or ``"even"``; the plan is built
     around them. Unpinned ``'local'`` inputs and a ``'distributed'`` result get the
     layouts the planner chooses (see ``Program.input_blocks``). Use the program
-    as a context manager (or call ``close()``) to free its MPI objects.
+    as a context manager (or call ``close()``) to free its MPI objects. ``dtype``
+    and ``casting`` follow ``numpy.einsum``: inputs are cast to ``dtype`` (default:
+    their result type) only where numpy's ``casting`` rule allows it. A run refuses
+    a plan whose peak footprint per rank exceeds ``memory`` elements (default: the
+    memory the rank has).
     """
     from .program import Program
     return Program(equation, tuple(shapes) if shapes else None, nprocs, dtype, memory, inputs, result, threads,
-                   layouts)
+                   layouts, casting)
 
 
 def einsum(equation: str, *arrays, comm=None, **options):
-    """Distributed ``numpy.einsum``: every rank passes the arrays and gets the result."""
+    """Distributed ``numpy.einsum``: every rank passes the arrays and gets the result.
+
+    Collective: an error on any rank (even while compiling) is raised on every rank.
+    """
     import numpy as np
-    return compile(equation, *[np.shape(a) for a in arrays], **options)(*arrays, comm=comm)
+    from mpi4py import MPI
+
+    from .codegen.checks import collectively
+    comm = MPI.COMM_WORLD if comm is None else comm
+    prog = collectively(comm, lambda: compile(equation, *[np.shape(a) for a in arrays], **options),
+                        error=DeinsumError)
+    return prog(*arrays, comm=comm)
 
 
 __all__ = ["DeinsumError", "Decomposition", "Step", "compile", "decompose", "einsum", "__version__"]

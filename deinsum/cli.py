@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -52,6 +54,18 @@ def shapes_from_sizes(equation: str, sizes: dict[str, int]) -> list[tuple[int, .
     return [tuple(sizes[c] for c in t) for t in terms]
 
 
+def launch_command(nprocs: int, script, *args: str) -> list[str]:
+    """The command that runs ``script`` on ``nprocs`` ranks with this installation's ``mpiexec``
+    and ``python`` (they work without activating its environment).
+
+    >>> cmd = launch_command(4, "prog.py", "--validate")
+    >>> cmd[1:3], cmd[4:], Path(cmd[0]).parent == Path(cmd[3]).parent
+    (['-n', '4'], ['-m', 'mpi4py', 'prog.py', '--validate'], True)
+    """
+    return [str(Path(sys.executable).with_name("mpiexec")), "-n", str(nprocs), sys.executable, "-m", "mpi4py",
+            str(script), *args]
+
+
 def _program(args, nprocs=None):
     from . import compile as compile_einsum
     shapes = shapes_from_sizes(args.equation, parse_sizes(args.size)) if args.size else []
@@ -92,7 +106,7 @@ def cmd_emit(args) -> int:
     if not args.size:
         raise DeinsumError("emit needs sizes: --size i=...,j=...")
     path = _program(args, args.nprocs).to_script(args.script)
-    print(f"wrote {path} (run: mpiexec -n {args.nprocs} python -m mpi4py {path} --validate)")
+    print(f"wrote {path} (run: {shlex.join(launch_command(args.nprocs, path, '--validate'))})")
     return 0
 
 
@@ -100,11 +114,10 @@ def cmd_run(args) -> int:
     if not args.size:
         raise DeinsumError("run needs sizes: --size i=...,j=...")
     prog = _program(args, args.nprocs)
-    mpiexec = Path(sys.executable).with_name("mpiexec")
     with tempfile.TemporaryDirectory() as tmp:
         script = prog.to_script(Path(tmp) / "program.py")
-        cmd = [str(mpiexec), "-n", str(args.nprocs), sys.executable, "-m", "mpi4py", str(script),
-               "--repeat", str(args.repeat)] + (["--validate"] if args.validate else [])
+        cmd = launch_command(args.nprocs, script, "--repeat", str(args.repeat),
+                             *(["--validate"] if args.validate else []))
         try:
             return subprocess.run(cmd, timeout=args.timeout).returncode
         except subprocess.TimeoutExpired:
@@ -168,8 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "nprocs", None) is not None and args.nprocs < 1:
             raise DeinsumError(f"the number of ranks must be >= 1, not {args.nprocs}")
         return args.run(args)
-    except DeinsumError as exc:
-        print(f"deinsum: error: {exc}", file=sys.stderr)
+    except (DeinsumError, OSError, MemoryError) as exc:   # one line a user can act on, exit 2
+        if isinstance(exc, BrokenPipeError):   # e.g. `deinsum bound ... | head`: not an error
+            sys.stdout = open(os.devnull, "w")
+            return 0
+        print(f"deinsum: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
 
 

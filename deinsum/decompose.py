@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import prod
+from numbers import Integral
 from typing import Mapping, Sequence
 
 import opt_einsum
@@ -168,6 +169,26 @@ def _check_term(term: str, where: str) -> None:
             raise DeinsumError(f"{where} {term!r}: invalid index character {c!r} (indices are letters)")
 
 
+def as_shape(shape, what: str = "a shape") -> tuple[int, ...]:
+    """``shape`` as a tuple of non-negative Python ints, else a one-line DeinsumError.
+
+    >>> import numpy as np
+    >>> as_shape([4, np.int64(5)])
+    (4, 5)
+    >>> as_shape((4.5, 5), "operand 0")
+    Traceback (most recent call last):
+    ...
+    deinsum.errors.DeinsumError: operand 0: shape (4.5, 5) must be a sequence of non-negative integers
+    """
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise DeinsumError(f"{what}: shape {shape!r} must be a sequence of non-negative integers") from None
+    if not all(isinstance(n, Integral) and not isinstance(n, bool) and n >= 0 for n in dims):
+        raise DeinsumError(f"{what}: shape {shape!r} must be a sequence of non-negative integers")
+    return tuple(int(n) for n in dims)
+
+
 def parse(equation: str, *shapes: Sequence[int] | None) -> ParsedEinsum:
     """Validate ``equation`` against operand shapes (or none, for a symbolic plan).
 
@@ -188,6 +209,7 @@ def parse(equation: str, *shapes: Sequence[int] | None) -> ParsedEinsum:
     if "-" in lhs or ">" in lhs or (arrow and ("-" in out or ">" in out)):
         raise DeinsumError(f"equation {equation!r}: '-' and '>' may only appear together as '->'")
     terms = lhs.split(",")
+    shapes = tuple(as_shape(s, f"operand {n}") for n, s in enumerate(shapes))
     symbolic = len(shapes) == 0
     if not symbolic and len(shapes) != len(terms):
         raise DeinsumError(f"equation {equation!r} has {len(terms)} operand(s) but {len(shapes)} were given")
@@ -223,16 +245,13 @@ def parse(equation: str, *shapes: Sequence[int] | None) -> ParsedEinsum:
     if not symbolic:
         for n, sub in enumerate(subs):
             for c in sorted(set(sub)):
-                dims = {int(shapes[n][k]) for k, x in enumerate(sub) if x == c}
+                dims = {shapes[n][k] for k, x in enumerate(sub) if x == c}
                 if len(dims) > 1:
                     raise DeinsumError(f"operand {n} ({terms[n]!r}): repeated index {c!r} has unequal "
                                        f"dimensions {sorted(dims)}")
         sizes, origin = {}, {}
         for n, (sub, shape) in enumerate(zip(subs, shapes)):
             for c, d in zip(sub, shape):
-                d = int(d)
-                if d < 0:
-                    raise DeinsumError(f"operand {n} ({terms[n]!r}): negative dimension {d}")
                 if c in sizes and sizes[c] != d and 1 not in (d, sizes[c]):
                     m = origin[c]
                     what = "ellipsis dimension" if c in fresh else f"index {c!r}"
@@ -240,6 +259,10 @@ def parse(equation: str, *shapes: Sequence[int] | None) -> ParsedEinsum:
                                        f"({terms[m]!r}) gives it size {sizes[c]}")
                 if c not in sizes or sizes[c] == 1:
                     sizes[c], origin[c] = d, n
+
+    if sizes is not None:
+        for n, sub in enumerate(subs):
+            check_volume(f"operand {n} ({terms[n]!r})", sub, sizes)
 
     # output
     if arrow:
@@ -258,6 +281,24 @@ def parse(equation: str, *shapes: Sequence[int] | None) -> ParsedEinsum:
                 counts[c] = counts.get(c, 0) + 1
         output = "".join(fresh) + "".join(sorted(c for c, k in counts.items() if k == 1 and c not in fresh))
     return ParsedEinsum(tuple(subs), output, sizes, ",".join(subs) + "->" + output)
+
+
+#: Most elements a tensor may have: its bytes (up to 16 per element) must fit in an int64.
+MAX_ELEMENTS = 2**59
+
+
+def check_volume(what: str, sub: str, sizes: Mapping[str, int]) -> None:
+    """A one-line DeinsumError if the tensor ``sub`` has more than ``MAX_ELEMENTS`` elements.
+
+    >>> check_volume("operand 0", "ij", {"i": 2**40, "j": 2**20})
+    Traceback (most recent call last):
+    ...
+    deinsum.errors.DeinsumError: operand 0 has 2**60 elements; at most 2**59 are supported
+    """
+    n = prod(sizes[c] for c in sub)
+    if n > MAX_ELEMENTS:
+        raise DeinsumError(f"{what} has {'2**' + str(n.bit_length() - 1) if n & (n - 1) == 0 else f'{n:.3g}'} "
+                           f"elements; at most 2**59 are supported")
 
 
 def _flops(indices: str, summed: bool, nterms: int, sizes: Mapping[str, int]) -> int:
@@ -283,6 +324,11 @@ def _prepass(parsed: ParsedEinsum, sizes: Mapping[str, int] | None, shapes) -> t
             steps.append(st)
             subs[n] = new
     if len(subs) == 1:
+        distinct = "".join(dict.fromkeys(subs[0]))
+        if distinct != subs[0]:   # diagonal first, so the step the bounds analyse has distinct indices
+            st = Step("in0", ("in0",), (subs[0],), distinct)
+            steps.append(_with_flops(st, sizes) if sizes is not None else st)
+            subs[0] = distinct
         st = Step("out", ("in0",), (subs[0],), parsed.output)
         steps.append(_with_flops(st, sizes) if sizes is not None else st)
     return subs, steps
@@ -329,6 +375,8 @@ def decompose(equation: str, *shapes: Sequence[int], optimize: str = "auto") -> 
                 out = "".join(c for c in order if c in needed)
             name = "out" if last else f"t{n}"
             step = Step(name, (na, nb), (sa, sb), out)
+            if sizes is not None:
+                check_volume(f"intermediate {name} ({step.operation})", out, sizes)
             steps.append(_with_flops(step, sizes) if sizes is not None else step)
             live.append((name, out))
     naive = None

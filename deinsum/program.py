@@ -17,11 +17,13 @@ from typing import Sequence
 
 import numpy as np
 
+from .codegen.checks import agree, check_cast, check_output_path, collectively, write_atomically
 from .codegen.emit import generate
 from .codegen.kernels import contract_pair, unary
 from .codegen.runtime import Runtime, pin_blas_threads
-from .decompose import Decomposition, decompose
+from .decompose import Decomposition, as_shape, decompose
 from .errors import DeinsumError
+from .footprint import check_footprint, footprint
 from .layout import Layout
 from .plan import Plan, build_plan, pin_names
 from .schedule import Move
@@ -146,13 +148,16 @@ class Program:
     result: str = "all"
     threads: str | None = "auto"
     layouts: dict | None = None
+    casting: str = "safe"
     last_run: RunReport | None = field(default=None, init=False, repr=False)
     _runtimes: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         if self.shapes is not None:
-            self.shapes = tuple(tuple(int(n) for n in s) for s in self.shapes)
+            self.shapes = tuple(as_shape(s, f"operand {n}") for n, s in enumerate(self.shapes))
         self.dtype = None if self.dtype is None else as_dtype(self.dtype)
+        if self.casting not in ("no", "equiv", "safe", "same_kind", "unsafe"):
+            raise DeinsumError(f"casting={self.casting!r}: expected one of no, equiv, safe, same_kind, unsafe")
         if not isinstance(self.equation, str):
             raise DeinsumError(f"the einsum equation must be a string, not {type(self.equation).__name__}")
         # parametric with '...': the decomposition waits for the shapes of a call
@@ -164,7 +169,7 @@ class Program:
     def plan(self, shapes: Sequence[Sequence[int]] | None = None, nprocs: int | None = None, dtype=None,
              inputs: str | None = None, result: str | None = None) -> Plan:
         """The plan for these shapes, ranks, dtype and entry/exit layouts (cached)."""
-        shapes = self.shapes if shapes is None else tuple(tuple(int(n) for n in s) for s in shapes)
+        shapes = self.shapes if shapes is None else tuple(as_shape(s, f"operand {n}") for n, s in enumerate(shapes))
         if shapes is None:
             raise DeinsumError(f"{self.equation!r} was compiled without shapes: pass shapes to plan()")
         nprocs = nprocs if nprocs is not None else self.nprocs
@@ -193,10 +198,16 @@ class Program:
         if format == "json":
             import json
             data = {"equation": a.equation, "analysis": a.to_dict()} | ({} if plan is None else plan.to_dict())
+            if plan is not None:
+                data["peak_bytes_per_rank"] = footprint(plan).tolist()
             return json.dumps(data, indent=2, default=str)
         if format != "text":
             raise DeinsumError(f"report format {format!r}: expected text, latex or json")
-        return str(a) + ("" if plan is None else "\n\n" + str(plan))
+        if plan is None:
+            return str(a)
+        need = footprint(plan)
+        return (f"{a}\n\n{plan}\n  peak memory per rank (upper bound): max {int(need.max()):,} bytes "
+                f"(rank {int(need.argmax())}), mean {float(need.mean()):,.0f}")
 
     def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None, inputs: str | None = None,
                   result: str | None = None) -> Path:
@@ -207,12 +218,10 @@ class Program:
             raise DeinsumError(f"inputs={inputs!r}, result={result!r}: an emitted script reads whole inputs and "
                                f"returns the whole result (inputs {' or '.join(SCRIPT_INPUTS)}, "
                                f"result {' or '.join(SCRIPT_RESULTS)})")
-        plan = self.plan(nprocs=nprocs, dtype=dtype, inputs=inputs, result=result)
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(generate(plan))
-        tmp.replace(path)
-        return path
+        check_output_path(path, DeinsumError)
+        text = generate(self.plan(nprocs=nprocs, dtype=dtype, inputs=inputs, result=result)).encode()
+        write_atomically(path, lambda f: f.write(text))   # a unique temporary name: every rank may call it
+        return Path(path)
 
     def input_blocks(self, rank: int, nprocs: int, dtype=None, result: str | None = None
                      ) -> list[tuple[slice, ...]]:
@@ -224,30 +233,24 @@ class Program:
 
     # ---- running -----------------------------------------------------------------------------------
     def __call__(self, *arrays, comm=None, inputs: str | None = None, result: str | None = None):
-        """Run on ``comm`` (default COMM_WORLD); returns the result as ``result`` asks."""
+        """Run on ``comm`` (default COMM_WORLD); returns the result as ``result`` asks.
+
+        Collective and checked before any work: all ranks agree on the equation, operand count,
+        shapes, dtype, casting, modes, pinned layouts and communicator size, the plan (with the
+        memory agreed across ranks) fits that memory, and local blocks match the plan; otherwise
+        every rank raises the same one-line DeinsumError.
+        """
         from mpi4py import MPI
         comm = MPI.COMM_WORLD if comm is None else comm
         inputs, result = inputs or self.inputs, result or self.result
-        nops = self.equation.partition("->")[0].count(",") + 1
-        if len(arrays) != nops:
-            raise DeinsumError(f"{self.equation!r} takes {nops} operands, got {len(arrays)}")
-        shapes, dtype = self._shapes_and_dtype(arrays, comm, inputs)
-        plan = self.plan(shapes, comm.size, dtype, inputs, result)
+        facts, failure, shapes, dtype = self._facts(arrays, comm.rank, comm.size, inputs, result)
+        agree(comm, facts, failure, DeinsumError)
+        if inputs == "root":   # the other ranks learn rank 0's shapes and dtype
+            shapes, dtype = comm.bcast((shapes, dtype), root=0)
+        plan = collectively(comm, self.plan, shapes, comm.size, dtype, inputs, result, error=DeinsumError)
         memory = comm.allreduce(plan.memory, op=MPI.MIN)     # ranks may measure different free memory
-        if plan.memory != memory:
-            plan = _plan(self.equation, tuple(map(tuple, shapes)), comm.size, dtype, memory, inputs, result,
-                         pin_names(self.layouts))
-        holds = inputs == "global" or inputs == "local" or comm.rank == 0
-        operands = [np.asarray(a, dtype=dtype) if holds and a is not None else None for a in arrays]
-        if inputs == "local":
-            for n, (a, layout) in enumerate(zip(operands, plan.entry)):
-                want = layout.local_shape(comm.rank)
-                if want is None and (a is None or a.size == 0):
-                    operands[n] = None                # this rank holds nothing of the operand
-                elif a is None or a.shape != want:
-                    raise DeinsumError(f"operand {n}: rank {comm.rank} must pass its block of shape "
-                                       f"{want if want is not None else '(none)'} (see Program.input_blocks), "
-                                       f"not {None if a is None else a.shape}")
+        plan, operands = collectively(comm, self._checked, plan, memory, shapes, arrays, comm.rank,
+                                      error=DeinsumError)
         if self.threads == "auto" and not _PINNED:
             pin_blas_threads(comm)
             _PINNED.append(comm.size)
@@ -262,7 +265,7 @@ class Program:
                                   *model)
         if result == "distributed":
             return DistributedResult(out, plan.exit, comm.rank)
-        return out
+        return out[()] if out is not None and out.ndim == 0 else out   # numpy.einsum: a scalar
 
     def close(self) -> None:
         """Free the communicators and datatypes kept across calls (collective: every rank calls it)."""
@@ -277,19 +280,55 @@ class Program:
         self.close()
         return False
 
-    def _shapes_and_dtype(self, arrays, comm, inputs):
-        if inputs == "root":
-            meta = None
-            if comm.rank == 0:
-                meta = ([np.shape(a) for a in arrays], np.result_type(*[np.asarray(a) for a in arrays]).str)
-            shapes, code = comm.bcast(meta, root=0)
-            return tuple(map(tuple, shapes)), np.dtype(code)
-        dtype = self.dtype if self.dtype is not None else np.result_type(*[np.asarray(a) for a in arrays])
-        if inputs == "local":
-            if self.shapes is None:
+    def _facts(self, arrays, rank, size, inputs, result):
+        """This rank's facts to agree on, its local failure (or None), and its shapes and dtype."""
+        facts = {"equation": self.equation, "compiled shapes": self.shapes, "compiled dtype": self.dtype,
+                 "casting": self.casting, "inputs": inputs, "result": result, "communicator size": size,
+                 "operand count": len(arrays)}
+        shapes = dtype = None
+        try:
+            facts["pinned layouts"] = pin_names(self.layouts)
+            nops = self.equation.partition("->")[0].count(",") + 1
+            if len(arrays) != nops:
+                raise DeinsumError(f"{self.equation!r} takes {nops} operands, got {len(arrays)}")
+            if inputs == "local" and self.shapes is None:
                 raise DeinsumError("inputs='local' needs the global shapes: compile with shapes")
-            return self.shapes, np.dtype(dtype)
-        return tuple(np.shape(a) for a in arrays), np.dtype(dtype)
+            if inputs != "root" or rank == 0:
+                # with local inputs a rank that holds nothing of an operand may pass None
+                types = [np.asarray(a).dtype for a in arrays if not (inputs == "local" and a is None)]
+                if self.dtype is None and not types:
+                    raise DeinsumError(f"rank {rank} passes no block to take the dtype from: pass the empty "
+                                       f"blocks (see Program.input_blocks) or compile with dtype")
+                dtype = as_dtype(self.dtype if self.dtype is not None else np.result_type(*types))
+                for n, t in enumerate(types):
+                    check_cast(t, dtype, self.casting, f"operand {n}", DeinsumError)
+                shapes = self.shapes if inputs == "local" else tuple(tuple(np.shape(a)) for a in arrays)
+                if inputs != "root":
+                    facts.update({"shapes": shapes, "dtype": dtype})
+            failure = None
+        except Exception as exc:  # noqa: BLE001 - reported on every rank by agree()
+            failure = str(exc) if isinstance(exc, DeinsumError) else f"{type(exc).__name__}: {exc}"
+        return facts, failure, shapes, dtype
+
+    def _checked(self, plan, memory, shapes, arrays, rank):
+        """``plan`` with the agreed ``memory`` (words per rank), once it fits that memory, and this rank's
+        operands as the plan takes them (local blocks checked against its entry layouts)."""
+        if plan.memory != memory:
+            plan = _plan(self.equation, tuple(map(tuple, shapes)), plan.nprocs, plan.dtype, memory, plan.inputs,
+                         plan.result, pin_names(self.layouts))
+        check_footprint(plan)
+        holds = plan.inputs in ("global", "local") or rank == 0
+        operands = [np.asarray(a, dtype=plan.dtype) if holds and a is not None else None for a in arrays]
+        if plan.inputs == "local":
+            for n, (a, layout) in enumerate(zip(operands, plan.entry)):
+                want = layout.local_shape(rank)
+                if want is None and (a is None or a.size == 0):
+                    operands[n] = None                # this rank holds nothing of the operand
+                elif a is None or a.shape != want:
+                    raise DeinsumError(f"operand {n}: rank {rank} must pass its block of shape "
+                                       f"{want if want is not None else '(none)'} (see Program.input_blocks), "
+                                       f"not {None if a is None else a.shape}")
+        return plan, operands
 
 
 @lru_cache(maxsize=128)

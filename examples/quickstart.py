@@ -2,10 +2,13 @@
 
     .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py examples/quickstart.py
 """
+import shlex
+
 import numpy as np
 from mpi4py import MPI
 
 import deinsum
+from deinsum.cli import launch_command
 
 comm = MPI.COMM_WORLD
 I, J, K, R = 96, 80, 64, 12
@@ -37,4 +40,4 @@ if comm.rank == 0:
     print("\nrun from distributed blocks (measured per rank):", *local_runs, sep="\n  ")
     # 4. emit a standalone mpi4py program for a cluster (needs only numpy and mpi4py there)
     path = prog.to_script("mttkrp_program.py", nprocs=comm.size)
-    print(f"\nwrote {path}: mpiexec -n {comm.size} python -m mpi4py {path} --validate --repeat 5")
+    print(f"\nwrote {path}: {shlex.join(launch_command(comm.size, path, '--validate', '--repeat', '5'))}")

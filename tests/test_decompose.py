@@ -131,7 +131,9 @@ MALFORMED = [
     (("...ijk,jk->i", (2, 3), (3, 4)), "operand 0 ('...ijk') has 3 indices but only 2 dimensions"),
     (("ii->i", (3, 4)), "operand 0 ('ii'): repeated index 'i' has unequal dimensions [3, 4]"),
     ((42, (2, 3)), "must be a string, not int"),
-    (("ij,jk->ik", (2, -3), (3, 4)), "operand 0 ('ij'): negative dimension -3"),
+    (("ij,jk->ik", (2, -3), (3, 4)), "operand 0: shape (2, -3) must be a sequence of non-negative integers"),
+    (("ij,jk->ik", (4.5, 5), (5, 6)), "operand 0: shape (4.5, 5) must be a sequence of non-negative integers"),
+    (("ij,jk->ik", ("a", 5), (5, 6)), "operand 0: shape ('a', 5) must be"),
     (("...ij->ij",), "operand 0 ('...ij'): '...' needs operand shapes"),
     (("ij,jk->ik", (2, 3), (5, 4)), "but operand 0 ('ij') gives it size 3"),
 ]

@@ -32,7 +32,7 @@ for path in paths:
     exec(compile(open(path).read(), path, "exec"), ns)
     status = ns["script_main"](ns, ["--validate", "--seed", "3"])
     holds = comm.rank == 0 or ns["INPUTS"] == "global"
-    operands = ns["random_operands"](ns["INPUT_SHAPES"], ns["DTYPE"], 3) if holds else [None] * len(ns["INPUT_SHAPES"])
+    operands = ns["validation_operands"](ns["INPUT_SHAPES"], ns["DTYPE"], 3) if holds else [None] * len(ns["INPUT_SHAPES"])
     with ns["script_runtime"](ns, comm) as rt:
         ns["run"](rt, *operands)
     model = ns["MODEL_BYTES"][comm.rank]
@@ -114,7 +114,7 @@ def test_bad_input_file_fails_clearly(tmp_path):
     np.save(tmp_path / "b.npy", np.zeros((5, 3)))
     res = run_mpi_script(2, script, "--load", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
                          "--save", str(tmp_path / "o.npy"), timeout=60)
-    assert res.returncode == 2 and "must have shape (5, 4)" in res.stderr
+    assert res.returncode == 2 and "expected shape (5, 4), not (5, 3)" in res.stderr
     assert not (tmp_path / "o.npy").exists()
 
 

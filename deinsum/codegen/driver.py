@@ -1,7 +1,8 @@
 """The command-line driver of an emitted program: arguments, inputs, repeated timed runs, report.
 
 STANDALONE: imports only numpy, mpi4py and the sibling runtime modules
-(emitted scripts carry these files as one block). An emitted script defines
+(emitted scripts carry these files as one block; it uses checks.py for
+agreement, files, memory and validation). An emitted script defines
 its plan's data (``EQUATION``, ``MOVES``, ...) and ``run(rt, *operands)``;
 ``script_main(globals())`` turns it into a command-line tool.
 """
@@ -12,24 +13,14 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+from .checks import agree, check_memory, check_output_path, load_npy, matches, memory_available, ranks_on_node
+from .checks import save_atomically, validation_operands
 from .kernels import reference_einsum
 from .runtime import PHASES, Runtime, pin_blas_threads
 
+
 class ProgramError(Exception):
     """A wrong run-time argument (sizes, number of ranks, input files)."""
-
-
-def random_operands(shapes, dtype, seed):
-    """Deterministic random operands in [-1, 1) (complex: both parts)."""
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(dtype)
-    out = []
-    for shape in shapes:
-        x = rng.uniform(-1, 1, shape)
-        if dtype.kind == "c":
-            x = x + 1j * rng.uniform(-1, 1, shape)
-        out.append(np.asarray(x, dtype=dtype))
-    return out
 
 
 def check_sizes(options, planned):
@@ -49,27 +40,11 @@ ENDS = {"all": "on every rank", "root": "on rank 0"}
 
 
 def load_operands(paths, shapes, dtype):
-    """Load ``.npy`` inputs and check their shapes."""
+    """Load the ``.npy`` inputs (numpy's ``safe`` casting to the program's dtype)."""
     if len(paths) != len(shapes):
         raise ProgramError(f"--load takes {len(shapes)} files, got {len(paths)}")
-    out = []
-    for n, (path, shape) in enumerate(zip(paths, shapes)):
-        try:
-            x = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise ProgramError(f"--load {path}: cannot read ({exc})") from None
-        if x.shape != tuple(shape):
-            raise ProgramError(f"--load {path}: operand {n} must have shape {tuple(shape)}, not {x.shape}")
-        out.append(x.astype(dtype, copy=False))
-    return out
-
-
-def save_atomically(path, array):
-    """Write ``array`` to ``path`` via a temporary file and rename: never a half-written file."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.save(f, array, allow_pickle=False)
-    os.replace(tmp, path)
+    return [load_npy(path, shape, dtype, "safe", f"--load operand {n}", ProgramError)
+            for n, (path, shape) in enumerate(zip(paths, shapes))]
 
 
 def summarize(samples):
@@ -95,7 +70,12 @@ def script_main(ns, argv=None):
     parser.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0")
     parser.add_argument("--repeat", type=int, default=1, help="run K times; report median [min, max]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument("--memory", type=int, default=None,
+                        help="bytes per rank the run may use (default: MemAvailable shared by the node's ranks)")
     args = parser.parse_args(argv)
+    # every check before any work, agreed by all ranks: one error everywhere, never a hang
+    operands, failure = None, None
+    node_ranks = ranks_on_node(comm)   # collective, so before anything that may raise
     try:
         if comm.size != ns["NPROCS"]:
             raise ProgramError(f"this program was planned for {ns['NPROCS']} ranks, not {comm.size}: "
@@ -103,19 +83,19 @@ def script_main(ns, argv=None):
         check_sizes(args.size, ns["SIZES"])
         if args.repeat < 1:
             raise ProgramError("--repeat must be >= 1")
-        operands = None
+        limit = memory_available(node_ranks) if args.memory is None else args.memory
+        check_memory(ns["FOOTPRINT"][comm.rank], limit, "this program", comm.rank, ProgramError)
+        if comm.rank == 0 and args.save:
+            check_output_path(args.save, ProgramError)
         if comm.rank == 0 or ns["INPUTS"] == "global":
             if args.load:
                 operands = load_operands(args.load, ns["INPUT_SHAPES"], ns["DTYPE"])
             else:
-                operands = random_operands(ns["INPUT_SHAPES"], ns["DTYPE"], args.seed)
-        error = None
-    except ProgramError as exc:
-        error = str(exc)
-    error = next((e for e in comm.allgather(error) if e), None)  # every rank stops on any rank's error
-    if error:
-        if comm.rank == 0:
-            print(f"error: {error}", file=sys.stderr)
+                operands = validation_operands(ns["INPUT_SHAPES"], ns["DTYPE"], args.seed)
+    except Exception as exc:  # noqa: BLE001 - any rank's failure stops every rank
+        failure = str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"
+    # the same arguments everywhere (else --repeat could differ and hang), and no failure anywhere
+    if not _agreed(comm, {"equation": ns["EQUATION"], "argv": sys.argv[1:] if argv is None else argv}, failure):
         return 2
     if operands is None:
         operands = [None] * len(ns["INPUT_SHAPES"])
@@ -130,18 +110,45 @@ def script_main(ns, argv=None):
             comm.Barrier()
             runs.append((MPI.Wtime() - start, rt.clock.seconds, rt.log))
     report(comm, ns, runs, threads)
-    status = 0
+    status, failure = 0, None
     if comm.rank == 0:
-        if args.validate:
-            want = reference_einsum(ns["EQUATION"], *operands)
-            ok = np.allclose(result, want, rtol=ns["RTOL"], atol=ns["RTOL"] * np.max(np.abs(want), initial=0))
-            print(f"validate: {'OK' if ok else 'MISMATCH'} (max abs error "
-                  f"{float(np.max(np.abs(result - want), initial=0)):.3g})")
-            status = 0 if ok else 1
-        if args.save:
-            save_atomically(args.save, result)
-            print(f"wrote {args.save}")
+        try:
+            if args.validate:
+                want = reference_einsum(ns["EQUATION"], *operands)
+                ok = matches(result, want, ns["DTYPE"])
+                print(f"validate: {'OK' if ok else 'MISMATCH'} (max abs error "
+                      f"{float(np.max(np.abs(result - want), initial=0)):.3g})")
+                status = 0 if ok else 1
+            if args.save:
+                save_atomically(args.save, result)
+                print(f"wrote {args.save}")
+        except Exception as exc:  # noqa: BLE001 - e.g. a full disk: one line, and no rank left waiting
+            failure = f"{type(exc).__name__}: {exc}"
+    if not _agreed(comm, {}, failure):
+        return 2
     return comm.bcast(status, root=0)
+
+
+def _agreed(comm, facts, failure):
+    """Collective :func:`agree`; on disagreement or any failure rank 0 prints the one-line error."""
+    try:
+        agree(comm, facts, failure, ProgramError)
+    except ProgramError as exc:
+        if comm.rank == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
+def exit_with(status):
+    """Exit an emitted script with ``status``, reached by every rank together. A failure exits after
+    ``MPI.Finalize`` so that ``python -m mpi4py`` does not turn it into an ``MPI_Abort`` message."""
+    if not status:
+        sys.exit(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    MPI.Finalize()
+    os._exit(status)
 
 
 def report(comm, ns, runs, threads):

@@ -66,12 +66,41 @@ def element_type(dtype):
         return MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
 
 
+#: Largest message in bytes: a piece above it (e.g. over 2**31 elements) goes point-to-point in
+#: C-order slabs of at most this size, so no MPI count, size or displacement can overflow an int.
+MAX_MESSAGE_BYTES = 2**31 - 1
+_BIG_TAG = 31
+
+
+def _slabs(starts, subsizes, limit):
+    """The box ``(starts, subsizes)`` as C-order slabs of at most ``limit`` elements, in order; each
+    slab is contiguous within the box's C-order layout.
+
+    >>> _slabs([0, 0], [3, 4], 8)
+    [([0, 0], [2, 4]), ([2, 0], [1, 4])]
+    >>> _slabs([1, 0], [1, 5], 2)
+    [([1, 0], [1, 2]), ([1, 2], [1, 2]), ([1, 4], [1, 1])]
+    """
+    starts, subsizes = list(starts), list(subsizes)
+    if math.prod(subsizes) <= limit:
+        return [(starts, subsizes)]
+    inner = math.prod(subsizes[1:])
+    if inner <= limit:
+        rows = limit // inner
+        return [([starts[0] + r] + starts[1:], [min(rows, subsizes[0] - r)] + subsizes[1:])
+                for r in range(0, subsizes[0], rows)]
+    return [([starts[0] + r] + s, [1] + z) for r in range(subsizes[0])
+            for s, z in _slabs(starts[1:], subsizes[1:], limit)]
+
+
 class Transfer:
     """One step of one rank's table on ``comm``, with its subarray datatypes committed once.
 
     Call it with this rank's input block (None where it holds none) for the
     output block (None where it holds none); :meth:`free` releases the
-    datatypes. ``created`` counts the datatypes this transfer committed.
+    datatypes. ``created`` counts the datatypes this transfer committed. A piece
+    over :data:`MAX_MESSAGE_BYTES` goes outside the ``Alltoallw``, point-to-point
+    in C-order slabs (sender and receiver both see it from its subsizes).
     """
 
     def __init__(self, comm, table, dtype, element):
@@ -89,12 +118,29 @@ class Transfer:
         self.send_counts, self.send_types = [0] * nprocs, [element] * nprocs
         self.recv_counts, self.recv_displs, self.recv_types = [0] * nprocs, [0] * nprocs, [element] * nprocs
         self.datatypes = []
+        # pieces over the limit: (peer, datatype) slabs sent, (peer, byte offset, count, datatype) slabs received
+        self.big_sends, self.big_recvs, big_sent, big_received = [], [], 0, 0
+        limit = max(1, MAX_MESSAGE_BYTES // size)
         try:
             for peer, starts, subsizes in sends:
+                if math.prod(subsizes) > limit:
+                    self.big_sends += [(peer, self._subarray(element, self.in_shape, z, at))
+                                       for at, z in _slabs(starts, subsizes, limit)]
+                    big_sent += math.prod(subsizes) * size * (peer != rank)
+                    continue
                 self.send_counts[peer], self.send_types[peer] = 1, self._subarray(element, self.in_shape, subsizes,
                                                                                   starts)
             for peer, starts, subsizes, add in recvs:
-                if add:
+                if math.prod(subsizes) > limit:
+                    for at, z in _slabs(starts, subsizes, limit):
+                        if add:   # contiguous in the staged piece: at its C-order offset
+                            offset = self.staged_at[peer] + size * sum(
+                                (a - s) * math.prod(subsizes[k + 1:]) for k, (a, s) in enumerate(zip(at, starts)))
+                            self.big_recvs.append((peer, offset, math.prod(z), element))
+                        else:
+                            self.big_recvs.append((peer, 0, 1, self._subarray(element, self.out_shape, z, at)))
+                    big_received += math.prod(subsizes) * size * (peer != rank)
+                elif add:
                     self.recv_counts[peer], self.recv_displs[peer] = math.prod(subsizes), self.staged_at[peer]
                 else:
                     self.recv_counts[peer], self.recv_types[peer] = 1, self._subarray(element, self.out_shape,
@@ -102,10 +148,10 @@ class Transfer:
         except BaseException:
             self.free()
             raise
-        self.bytes_sent = sum(n * t.Get_size() for peer, (n, t) in enumerate(zip(self.send_counts, self.send_types))
-                              if peer != rank)
-        self.bytes_received = sum(n * t.Get_size() for peer, (n, t)
-                                  in enumerate(zip(self.recv_counts, self.recv_types)) if peer != rank)
+        self.bytes_sent = big_sent + sum(n * t.Get_size() for peer, (n, t)
+                                         in enumerate(zip(self.send_counts, self.send_types)) if peer != rank)
+        self.bytes_received = big_received + sum(n * t.Get_size() for peer, (n, t)
+                                                 in enumerate(zip(self.recv_counts, self.recv_types)) if peer != rank)
 
     @property
     def created(self):
@@ -130,6 +176,11 @@ class Transfer:
         send_buffer = block if self.in_held and block.size else np.empty(1, dtype=np.uint8)
         self.comm.Alltoallw([send_buffer, (self.send_counts, [0] * nprocs), self.send_types],
                             [buffer, (self.recv_counts, self.recv_displs), self.recv_types])
+        if self.big_sends or self.big_recvs:
+            requests = [self.comm.Irecv([buffer[offset:], n, t], peer, _BIG_TAG)
+                        for peer, offset, n, t in self.big_recvs]
+            requests += [self.comm.Isend([block, 1, t], peer, _BIG_TAG) for peer, t in self.big_sends]
+            MPI.Request.Waitall(requests)
         for peer, add, from_starts, subsizes, to_starts in self.ops:
             if peer == rank:
                 piece = block[_slices(from_starts, subsizes)]

@@ -1,0 +1,267 @@
+"""Run-time checks that keep every rank on the same path: agreement, inputs, files, memory.
+
+STANDALONE: imports only numpy and mpi4py (and the standard library); its source
+is pasted verbatim into emitted scripts, and ``deinsum.program`` imports it.
+Functions that raise take the exception class to raise (``error``), so the
+library raises ``DeinsumError`` and a script its ``ProgramError``.
+
+Collective by construction: :func:`agree` is one small ``allgather`` after
+which every rank either goes on or raises the same one-line error.
+
+>>> from mpi4py import MPI
+>>> agree(MPI.COMM_SELF, {"equation": "ij,jk->ik", "shapes": ((4, 5), (5, 6))})
+>>> agree(MPI.COMM_SELF, {}, failure="operand 1: bad shape")
+Traceback (most recent call last):
+...
+ValueError: operand 1: bad shape
+"""
+import hashlib
+import os
+import tempfile
+
+import numpy as np
+from mpi4py import MPI
+
+
+def _ranks(ranks):
+    """``[0, 2, 3, 4]`` -> ``'ranks 0, 2-4'``."""
+    runs, start = [], None
+    for n, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if n + 1 == len(ranks) or ranks[n + 1] != r + 1:
+            runs.append(f"{start}" if start == r else f"{start}-{r}")
+            start = None
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(runs)
+
+
+def _one_line(text):
+    return " ".join(str(text).split())
+
+
+def agree(comm, facts, failure=None, error=ValueError):
+    """Collective: every rank passes its ``facts`` (a dict of small values) and its local
+    ``failure`` (a message, or None). One ``allgather`` of a digest of the facts and the
+    failure; then every rank raises the same one-line ``error`` if any rank failed (the
+    lowest such rank's message, naming it) or if the facts differ (each differing fact with
+    the ranks that hold each value), else returns None on every rank.
+
+    >>> agree(MPI.COMM_SELF, {"dtype": "float64"}, error=KeyError) is None
+    True
+    """
+    facts = {str(k): repr(v) for k, v in facts.items()}
+    digest = hashlib.sha256(repr(sorted(facts.items())).encode()).hexdigest()[:16]
+    gathered = comm.allgather((None if failure is None else _one_line(failure), digest))
+    failed = [(r, f) for r, (f, _) in enumerate(gathered) if f is not None]
+    if failed:
+        rank, message = failed[0]
+        if len(failed) == comm.Get_size() and all(f == message for _, f in failed):
+            raise error(message)   # the same failure everywhere: no rank to name
+        others = [r for r, _ in failed[1:]]
+        also = f" (also failing: {_ranks(others)})" if others else ""
+        raise error(f"rank {rank}: {message}{also}")
+    if len({d for _, d in gathered}) == 1:
+        return None
+    # the digests differ: gather the details (still every rank, so still collective)
+    every = comm.allgather(facts)
+    keys = sorted(set().union(*every))
+    parts = []
+    for key in keys:
+        values = [f.get(key, "(none)") for f in every]
+        if len(set(values)) > 1:
+            groups = {}
+            for r, v in enumerate(values):
+                groups.setdefault(v, []).append(r)
+            parts.append(f"{key}: " + "; ".join(f"{v} on {_ranks(rs)}" for v, rs in groups.items()))
+    raise error("the ranks disagree on " + " | ".join(parts))
+
+
+def collectively(comm, check, *args, error=ValueError):
+    """Run ``check(*args)`` on every rank of ``comm``; if it raises on any rank, every rank
+    raises the same one-line ``error`` (see :func:`agree`), else return this rank's value.
+
+    >>> collectively(MPI.COMM_SELF, int, "12")
+    12
+    >>> collectively(MPI.COMM_SELF, int, "x")
+    Traceback (most recent call last):
+    ...
+    ValueError: invalid literal for int() with base 10: 'x'
+    """
+    value, failure = None, None
+    try:
+        value = check(*args)
+    except error as exc:
+        failure = str(exc)
+    except Exception as exc:  # noqa: BLE001 - any failure must reach every rank
+        failure = f"{type(exc).__name__}: {exc}"
+    agree(comm, {}, failure, error)
+    return value
+
+
+def check_output_path(path, error=ValueError):
+    """Raise ``error`` unless ``path`` can be written as a file: its directory exists and is
+    writable, and it is not a directory (nor ends with a separator).
+
+    >>> check_output_path("/", KeyError)
+    Traceback (most recent call last):
+    ...
+    KeyError: "output '/' is a directory, expected a file name"
+    """
+    text = os.fspath(path)
+    if not text or text.endswith(os.sep) or os.path.isdir(text):
+        raise error(f"output {text!r} is a directory, expected a file name")
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise error(f"output {text!r}: the directory {folder!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise error(f"output {text!r}: the directory {folder!r} is not writable")
+    if os.path.exists(text) and not os.access(text, os.W_OK):
+        raise error(f"output {text!r} exists and is not writable")
+
+
+def write_atomically(path, write):
+    """Call ``write(file)`` on a new temporary file in ``path``'s directory, then rename it to
+    ``path``: never a half-written ``path``, never a leftover temporary file (its name is
+    unique to this process and call)."""
+    path = os.fspath(path)
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def save_atomically(path, array):
+    """``numpy.save`` to exactly ``path`` (no ``.npy`` appended), atomically (see :func:`write_atomically`)."""
+    write_atomically(path, lambda f: np.save(f, array, allow_pickle=False))
+
+
+def load_npy(path, shape, dtype, casting="safe", what="input", error=ValueError):
+    """The array in the ``.npy`` file ``path`` as ``dtype``, or a one-line ``error``: missing or
+    empty file, not a ``.npy`` (e.g. ``.npz``), non-numeric data, wrong shape, or a cast
+    ``numpy.can_cast`` refuses under ``casting``."""
+    dtype = np.dtype(dtype)
+    if not os.path.isfile(path):
+        raise error(f"{what} {path}: no such file")
+    if os.path.getsize(path) == 0:
+        raise error(f"{what} {path}: the file is empty")
+    try:
+        x = np.load(path, allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 - numpy raises many types for bad files
+        raise error(f"{what} {path}: not a readable .npy file ({_one_line(exc)})") from None
+    if not isinstance(x, np.ndarray):
+        if hasattr(x, "close"):
+            x.close()
+        raise error(f"{what} {path}: expected one array in a .npy file, not an .npz archive")
+    if x.dtype.kind not in "biufc":
+        raise error(f"{what} {path}: non-numeric data of dtype {x.dtype}")
+    if x.shape != tuple(shape):
+        raise error(f"{what} {path}: expected shape {tuple(shape)}, not {x.shape}")
+    check_cast(x.dtype, dtype, casting, f"{what} {path}", error)
+    return x.astype(dtype, copy=False)
+
+
+def check_cast(source, target, casting, what, error=ValueError):
+    """Raise ``error`` if numpy's ``casting`` rule forbids ``source`` -> ``target`` (as ``numpy.einsum``).
+
+    >>> check_cast(np.float64, np.int32, "safe", "operand 0", KeyError)
+    Traceback (most recent call last):
+    ...
+    KeyError: "operand 0: cannot cast float64 to int32 under casting='safe' (pass casting='unsafe' to allow it)"
+    """
+    source, target = np.dtype(source), np.dtype(target)
+    if not np.can_cast(source, target, casting=casting):
+        raise error(f"{what}: cannot cast {source} to {target} under casting={casting!r} "
+                    f"(pass casting='unsafe' to allow it)")
+
+
+def validation_operands(shapes, dtype, seed):
+    """Deterministic random operands: uniform in [-1, 1) for floats (complex: both parts),
+    non-zero integers in [-3, 3] (unsigned: [1, 3]) for integer types, so that a check
+    against numpy is never vacuous."""
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    out = []
+    for shape in shapes:
+        if dtype.kind in "iu":
+            x = rng.integers(1, 4, shape)
+            if dtype.kind == "i":
+                x = x * rng.choice([-1, 1], shape)
+        else:
+            x = rng.uniform(-1, 1, shape)
+            if dtype.kind == "c":
+                x = x + 1j * rng.uniform(-1, 1, shape)
+        out.append(np.asarray(x, dtype=dtype))
+    return out
+
+
+def tolerance(dtype):
+    """Relative tolerance of a result of ``dtype`` against numpy (0 for integers: exact).
+
+    >>> [tolerance(t) for t in ("int32", "float16", "float32", "complex64", "float64")]
+    [0.0, 0.03, 0.0001, 0.0001, 1e-10]
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iub":
+        return 0.0
+    bits = np.finfo(dtype).bits
+    return 0.03 if bits <= 16 else 1e-4 if bits <= 32 else 1e-10
+
+
+def matches(result, want, dtype):
+    """Whether ``result`` equals the numpy reference ``want`` within :func:`tolerance` (scaled
+    by the largest reference magnitude, so cancellation is not a false mismatch)."""
+    rtol = tolerance(dtype)
+    result, want = np.asarray(result), np.asarray(want)
+    if result.shape != want.shape:
+        return False
+    scale = float(np.max(np.abs(want.astype(np.complex128)), initial=0))
+    return bool(np.allclose(result, want, rtol=rtol, atol=rtol * scale))
+
+
+def memory_available(ranks_on_node):
+    """Bytes one of ``ranks_on_node`` ranks may use: ``MemAvailable`` of ``/proc/meminfo`` (else the
+    physical memory) divided among them. The same reading as ``deinsum.plan.default_memory``, which
+    the library uses (in words, at plan time); an emitted script cannot import it, and divides by the
+    ranks really sharing its node (:func:`ranks_on_node`).
+    """
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if available is None:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return available // max(1, ranks_on_node)
+
+
+def ranks_on_node(comm):
+    """Collective: how many ranks of ``comm`` share this rank's node."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size()
+    finally:
+        node.Free()
+
+
+def check_memory(needed, limit, where, rank, error=ValueError):
+    """Raise ``error`` if ``needed`` bytes (the peak, on ``rank``) exceed ``limit`` bytes per rank."""
+    if needed > limit:
+        raise error(f"{where} needs {needed:,} bytes per rank at its peak (rank {rank}) but {limit:,} bytes "
+                    f"are available per rank; use more ranks, or less replication (inputs/result "
+                    f"'local'/'distributed'), or raise the memory limit")
