@@ -40,7 +40,7 @@ def test_plan_any_p_without_ranks():
     res = run("plan", MTTKRP, "--size", SIZES, "-P", "13")
     assert res.returncode == 0 and "on 13 rank(s)" in res.stdout and "grid (" in res.stdout
     data = json.loads(run("plan", MTTKRP, "--size", SIZES, "-P", "6", "--json").stdout)
-    assert len(data["received_bytes_all_ranks"]) == 6
+    assert len(data["received_bytes_per_rank"]) == 6
 
 
 def test_emit_then_run(tmp_path):
