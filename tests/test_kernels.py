@@ -47,19 +47,32 @@ def split(eq):
 
 
 # ---- MTTKRP: every variant (GEMM run x orientation) and rank blocking -------------------------------
+PARTIAL = {  # the groups the planner makes of MTTKRP-O5 (partial MTTKRP, then a Hadamard-sum)
+    "partial": ("ja,ka,ijklm->ilma", dict(i=5, j=4, k=3, l=4, m=2, a=3)),
+    "hadamard": ("la,ma,ilma->ia", dict(i=5, l=4, m=2, a=3)),
+    "two-free": ("ijkl,ia,ka->ajl", dict(i=5, j=4, k=3, l=4, a=3)),
+}
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", list(MTTKRP))
+@pytest.mark.parametrize("name", list(MTTKRP) + list(PARTIAL))
 def test_mttkrp_every_variant_equals_numpy(name, dtype):
-    eq, sizes = MTTKRP[name]
+    eq, sizes = MTTKRP.get(name) or PARTIAL[name]
     subs, out = split(eq)
     ops = operands(eq, sizes, dtype)
-    kind, strategy, params = K._strategy(tuple(subs), out, tuple(o.shape for o in ops))
-    assert kind == "mttkrp" and strategy.startswith(f"MTTKRP mode {int(name[-1])}")
+    kind, strategy, (x, r, gemm) = K._strategy(tuple(subs), out, tuple(o.shape for o in ops))
+    free = [c for c in subs[x] if c in out and c != "a"]
+    assert kind == "mttkrp" and strategy.startswith(f"MTTKRP to ({','.join(free)}): ")
     check(eq, ops, contract_group(subs, out, *ops))
-    x, p, r = params[:3]
-    for s, e, orient in K._mttkrp_variants(len(subs[x]), p):
+    if gemm is None:
+        assert name == "hadamard"
+        return
+    axes = [q for q, c in enumerate(subs[x]) if c not in out]
+    variants = K._mttkrp_variants(len(subs[x]), axes)
+    assert len(variants) >= 2
+    for s, e, orient in variants:
         for block in (3, 2, 1):                       # all rank columns at once, uneven and single blocks
-            check(eq, ops, K._run_mttkrp(subs, out, ops, np.dtype(dtype), (x, p, r, s, e, orient, block)))
+            check(eq, ops, K._run_mttkrp(subs, out, ops, np.dtype(dtype), (x, r, (s, e, orient, block))))
 
 
 @pytest.mark.parametrize("eq", ["kji,ia,ka->ja", "ijk,ai,ja->ak", "ijkl,la,ia,ja->ak", "abc,ax,cx->xb"])
@@ -102,7 +115,8 @@ def test_ttmc_every_order_equals_numpy(dtype):
         check(eq, ops, K._run_ttm(subs, out, ops, np.dtype(dtype), params))
 
 
-@pytest.mark.parametrize("eq", ["ijk,ia,kb->bja", "ijk,ai,bj,ck->cab", "ijkl,jb,lc->bick"])
+@pytest.mark.parametrize("eq", ["ijk,ia,kb->bja", "ijk,ai,bj,ck->cab", "ijkl,jb,lc->bick", "ijklm,jb->iklmb",
+                                "kc,iklmb->cilmb", "ld,cilmb->dcimb", "me,dcimb->ibcde"])
 def test_ttm_chain_variants(eq):
     subs, out = split(eq)
     sizes = {c: 3 + n for n, c in enumerate(sorted(set(eq) - set(",->")))}
@@ -168,9 +182,12 @@ def structured(draw):
     modes = "ijklm"[:order]
     sizes = {c: draw(st.integers(1, 5)) for c in modes + "rbcdefg"}
     if draw(st.booleans()):
-        p = draw(st.integers(0, order - 1))
-        factors = [c + "r" if draw(st.booleans()) else "r" + c for c in modes if c != modes[p]]
-        out = modes[p] + "r" if draw(st.booleans()) else "r" + modes[p]
+        free = [c for c in modes if draw(st.booleans())][: order - 2] or [modes[0]]
+        factors = [c + "r" if draw(st.booleans()) else "r" + c for c in modes if c not in free]
+        out = "".join(draw(st.permutations(free + ["r"])))
+        if draw(st.booleans()):                                  # X already holds r
+            at = draw(st.integers(0, order))
+            modes = modes[:at] + "r" + modes[at:]
     else:
         kept = [c for c in modes if draw(st.booleans())][: order - 2]
         news = iter("bcdefg")
@@ -197,7 +214,7 @@ def test_random_einsums_equal_numpy(case, dtype):
 def test_strategy_names_suite():
     shapes = lambda eq, sz: [[sz[c] for c in t] for t in split(eq)[0]]
     eq, sz = MTTKRP["O5-M2"]
-    assert group_strategy(split(eq)[0], "ka", shapes(eq, sz)).startswith("MTTKRP mode 2: GEMM over (")
+    assert group_strategy(split(eq)[0], "ka", shapes(eq, sz)).startswith("MTTKRP to (k): GEMM over (")
     assert group_strategy(*split(TTMC[0]), shapes(*TTMC)).startswith("TTM chain: ")
     assert group_strategy(("ij", "jk", "kl"), "il", [(2, 3), (3, 4), (4, 5)]) == "pairwise: ij,jk,kl->il"
     assert group_strategy(("ij", "jk"), "ik", [(2, 0), (0, 4)]) == "zeros (an empty block)"

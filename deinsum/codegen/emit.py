@@ -124,10 +124,9 @@ def _run_program(plan) -> str:
         out.append(f"    grid{g.index} = comm.Create_cart({list(g.grid.dims)!r}, reorder=False)")
         out.append("    with clock('compute'):")
         out.append(f"        if grid{g.index} != MPI.COMM_NULL:")
-        for s in g.steps:
-            a, b = (_name(o) for o in s.operands)
-            out.append(f"            {_name(s.name)} = contract_pair({a}, {b}, {s.subscripts[0]!r}, "
-                       f"{s.subscripts[1]!r}, {s.output!r})  # {s.kind}")
+        reads = ", ".join(_name(t) for t, _ in g.reads)
+        out.append(f"            {_name(g.output)} = contract_group({tuple(s for _, s in g.reads)!r}, "
+                   f"{g.output_subscripts!r}, {reads})  # {', '.join(s.kind for s in g.steps)}")
         if g.output not in on_sub:
             out.append(f"            grid{g.index}.Free()")
         out.append("        else:")

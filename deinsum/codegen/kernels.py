@@ -9,13 +9,21 @@ there is one copy of the local compute logic.
 blocks (a partial sum where the grid splits a summed index) with the fastest
 strategy a cost model finds; ``group_strategy`` names it:
 
-* ``MTTKRP``: GEMMs on views of X (no copy of X) against the Khatri-Rao
-  product of one contiguous run of modes, then a Hadamard-sum over the other
-  modes; rank columns in blocks where the temporaries would exceed half of
-  the inputs plus output;
-* ``TTM chain``: one GEMM per factor, leading/trailing modes as plain GEMMs,
-  middle modes as batched GEMMs, in the order with the lowest modeled cost;
+* ``MTTKRP`` (full or partial, any modes, factors in either orientation):
+  GEMMs on views of X (no copy of X) against the Khatri-Rao product of one
+  contiguous run of modes, then a Hadamard-sum over the other factored modes;
+  rank columns in blocks where the temporaries would exceed half of the
+  inputs plus output (and 2**16 elements); where X already holds the rank
+  index, one Hadamard-sum pass;
+* ``TTM chain`` (X times one matrix per contracted mode): leading/trailing
+  modes as one GEMM, middle modes as batched GEMMs (or moved last by a
+  transposed copy), in the order with the lowest modeled cost;
 * ``pairwise``: numpy's einsum path, each step through ``contract_pair``.
+
+Results may be transposed views: a consumer reads a block stored in any axis
+order without a copy (``contract_group`` relabels it). Peak memory stays within
+1.5x of inputs plus output except in the pairwise fallback and in TTM chains
+whose first steps grow the tensor.
 
 Index strings may hold any characters; they are mapped to ASCII letters where numpy needs them.
 
@@ -29,7 +37,7 @@ True
 >>> contract_group(("ijk", "ja", "ka"), "ia", x, f, np.ones((6, 3)))[0].tolist()
 [30.0, 30.0, 30.0]
 >>> group_strategy(("ijklm", "ia", "ja", "la", "ma"), "ka", [(24,) * 5] + [(24, 24)] * 4)
-'MTTKRP mode 2: GEMM over (i,j) KR^T X, Hadamard-sum over (l,m)'
+'MTTKRP to (k): GEMM over (i,j) KR^T X, Hadamard-sum over (l,m)'
 """
 import itertools
 from functools import lru_cache
@@ -231,35 +239,35 @@ def _strategy(subs, out, shapes):
 
 
 # ---------------------------------------------------------------------------------------------
-# MTTKRP: out[m, r] = sum X[..., m, ...] * prod_q F_q[n_q, r]
+# MTTKRP: out[free..., r] = sum over the factored modes of X[...] * prod_q F_q[n_q, r]
 # ---------------------------------------------------------------------------------------------
 def _mttkrp_strategy(subs, out, sizes):
+    """Full or partial MTTKRP (several free modes; X may already hold r: then a Hadamard-sum)."""
     big = [n for n, s in enumerate(subs) if len(s) >= 3]
-    if len(subs) < 3 or len(big) != 1 or len(out) != 2 or len(set(subs[big[0]])) != len(subs[big[0]]):
+    if len(subs) < 3 or len(big) != 1 or len(set(subs[big[0]])) != len(subs[big[0]]):
         return None
     x = big[0]
     sx = subs[x]
-    factor, rank = {}, set()
-    for n, s in enumerate(subs):
-        if n == x:
-            continue
-        if len(s) != 2 or (s[0] in sx) == (s[1] in sx) or s[0] == s[1]:
-            return None
-        mode, r = (s[0], s[1]) if s[0] in sx else (s[1], s[0])
-        if mode in factor:
-            return None
-        factor[mode] = n
-        rank.add(r)
-    free = [c for c in sx if c not in factor]
-    if len(rank) != 1 or len(free) != 1 or set(out) != {free[0], *rank}:
+    pairs = [set(s) for n, s in enumerate(subs) if n != x]
+    rank = set.intersection(*pairs)
+    if any(len(s) != 2 for s in pairs) or len(rank) != 1:
         return None
     (r,) = rank
-    p, dims, nr = sx.index(free[0]), [sizes[c] for c in sx], sizes[r]
-    budget = max(_SMALL, 0.5 * (sum(_prod(sizes[c] for c in s) for s in subs) + dims[p] * nr))
+    modes = [(set(s) - rank).pop() for s in pairs]
+    free = [c for c in sx if c not in modes and c != r]
+    if (len(set(modes)) != len(modes) or any(m not in sx for m in modes) or len(set(out)) != len(out)
+            or set(out) != {*free, r}):
+        return None
+    axes = [sx.index(m) for m in modes]
+    if r in sx:  # X already holds r: one elementwise pass, no GEMM
+        return "mttkrp", f"MTTKRP to ({','.join(free)}): Hadamard-sum over ({','.join(c for c in sx if c in modes)})", \
+            (x, r, None)
+    dims, nr = [sizes[c] for c in sx], sizes[r]
+    budget = max(_SMALL, 0.5 * (sum(_prod(sizes[c] for c in s) for s in subs) + _prod(sizes[c] for c in out)))
     best = None
-    for s, e, orient in _mttkrp_variants(len(sx), p):
+    for s, e, orient in _mttkrp_variants(len(sx), axes):
         a, k, b = _prod(dims[:s]), _prod(dims[s:e]), _prod(dims[e:])
-        rest = _prod(dims) // (k * dims[p])
+        rest = _prod(dims[q] for q in axes if not s <= q < e)
         extra = (2 * k + a * b + rest) * nr       # Khatri-Rao (and its last partial), T, rest's KRP
         block = nr if extra <= budget else max(1, int(nr * budget // extra))
         chunks = -(-nr // block)
@@ -274,18 +282,18 @@ def _mttkrp_strategy(subs, out, sizes):
         if best is None or seconds < best[0]:
             best = (seconds, s, e, orient, block)
     _, s, e, orient, block = best
-    name = f"MTTKRP mode {p}: GEMM over ({','.join(sx[s:e])}) {'X^T KR' if orient == 'rows' else 'KR^T X'}"
-    hadamard = [c for c in sx if c not in sx[s:e] and c != free[0]]
+    name = f"MTTKRP to ({','.join(free)}): GEMM over ({','.join(sx[s:e])}) {'X^T KR' if orient == 'rows' else 'KR^T X'}"
+    hadamard = [c for c in sx if c in modes and c not in sx[s:e]]
     if hadamard:
         name += f", Hadamard-sum over ({','.join(hadamard)})"
     if block < nr:
         name += f", rank columns in blocks of {block}"
-    return "mttkrp", name, (x, p, r, s, e, orient, block)
+    return "mttkrp", name, (x, r, (s, e, orient, block))
 
 
-def _mttkrp_variants(ndim, p):
-    """(s, e, orient): GEMM over the modes s..e-1 (a run without p), T as (..., R) or (R, ...)."""
-    return [(s, e, o) for s in range(ndim) for e in range(s + 1, ndim + 1) if not s <= p < e
+def _mttkrp_variants(ndim, axes):
+    """(s, e, orient): GEMM over the factored axes s..e-1 (a run of ``axes``), T as (..., R) or (R, ...)."""
+    return [(s, e, o) for s in range(ndim) for e in range(s + 1, ndim + 1) if all(q in axes for q in range(s, e))
             for o in ("rows", "cols")]
 
 
@@ -299,20 +307,27 @@ def _khatri_rao(mats):
 
 def _run_mttkrp(subs, out, blocks, dtype, params):
     """T = X times the Khatri-Rao product of modes s..e-1 (GEMMs on views of X), then a Hadamard-sum."""
-    x, p, r, s, e, orient, block = params
+    x, r, gemm = params
     sx, xb = subs[x], blocks[x]
-    dims, n = xb.shape, xb.ndim
-    factors = {}
-    for k, sub in enumerate(subs):
-        if k != x:
-            mode = sub[0] if sub[0] != r else sub[1]
-            factors[sx.index(mode)] = blocks[k] if sub[0] == mode else blocks[k].T
+    n = xb.ndim
+    factors = {sx.index(sub.replace(r, "")): blocks[k] if sub[1] == r else blocks[k].T
+               for k, sub in enumerate(subs) if k != x}           # axis of X -> (n_axis, R)
+    label = {c: q for q, c in enumerate(sx)}
+    label.setdefault(r, n)
+    out_axes = [label[c] for c in out]
+    if gemm is None:
+        rest = sorted(factors)
+        w = _khatri_rao([factors[q] for q in rest]).reshape([xb.shape[q] for q in rest] + [-1])
+        return np.einsum(xb, list(range(n)), w, rest + [label[r]], out_axes)
+    s, e, orient, block = gemm
+    dims = xb.shape
     nr = next(f.shape[1] for f in factors.values())
     a, k, b = _prod(dims[:s]), _prod(dims[s:e]), _prod(dims[e:])
-    rest = [q for q in range(n) if q != p and not s <= q < e]
-    outer = list(range(s)) + list(range(e, n))
-    t_axes = outer + [n] if orient == "rows" else list(range(s)) + [n] + list(range(e, n))
-    res = np.empty((dims[p], nr), dtype=dtype)
+    rest = [q for q in sorted(factors) if not s <= q < e]
+    t_axes = list(range(s)) + list(range(e, n)) + [n] if orient == "rows" else \
+        list(range(s)) + [n] + list(range(e, n))
+    res_axes = sorted(out_axes)                                    # free axes in X's order, then r
+    res = None if block == nr and not rest else np.empty([dims[q] if q < n else nr for q in res_axes], dtype)
     for r0 in range(0, nr, block):
         cols = slice(r0, min(nr, r0 + block))
         kr = _khatri_rao([factors[q][:, cols] for q in range(s, e)])
@@ -325,13 +340,15 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
         else:
             t = np.matmul(kr.T, xb.reshape(a, k, b))
         t = t.reshape([dims[q] if q < n else -1 for q in t_axes])
+        if res is None:           # T is the result: a transposed view, no copy
+            return t.transpose([t_axes.index(q) for q in out_axes])
         if rest:
             w = _khatri_rao([factors[q][:, cols] for q in rest]).reshape([dims[q] for q in rest] + [-1])
-            np.einsum(t, t_axes, w, rest + [n], [p, n], out=res[:, cols])
+            np.einsum(t, t_axes, w, rest + [n], res_axes, out=res[..., cols])
         else:
-            res[:, cols] = np.einsum(t, t_axes, [p, n])
+            res[..., cols] = np.einsum(t, t_axes, res_axes)
         del kr, t  # before the next block's Khatri-Rao product
-    return res if out.index(r) == 1 else np.ascontiguousarray(res.T)
+    return res.transpose([res_axes.index(q) for q in out_axes])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,7 +356,7 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
 # ---------------------------------------------------------------------------------------------
 def _ttm_strategy(subs, out, sizes):
     big = [n for n, s in enumerate(subs) if len(s) >= 3]
-    if len(subs) < 3 or len(big) != 1 or len(set(subs[big[0]])) != len(subs[big[0]]):
+    if len(subs) < 2 or len(big) != 1 or len(set(subs[big[0]])) != len(subs[big[0]]):
         return None
     x = big[0]
     sx = subs[x]
@@ -411,7 +428,7 @@ def _run_ttm(subs, out, blocks, dtype, params):
             t = (transposed(t, perm).reshape(-1, dims[q]) @ u)
             t = t.reshape(tuple(dims[d] for d in perm[:-1]) + (u.shape[1],))
             labels = labels[:q] + labels[q + 1:] + [new]
-    return transposed(t, [labels.index(c) for c in out])
+    return t.transpose([labels.index(c) for c in out])   # a view: the consumer reads it as it lies
 
 
 # ---------------------------------------------------------------------------------------------
