@@ -112,7 +112,8 @@ def test_ttmc_every_order_equals_numpy(dtype):
     plans = set(ttm_plans(subs, sizes))
     assert len(plans) > 24
     for params in plans:
-        check(eq, ops, K._run_ttm(subs, out, ops, np.dtype(dtype), params))
+        for rows in (0, 1, 2):
+            check(eq, ops, K._run_ttm(subs, out, ops, np.dtype(dtype), params + (rows,)))
 
 
 @pytest.mark.parametrize("eq", ["ijk,ia,kb->bja", "ijk,ai,bj,ck->cab", "ijkl,jb,lc->bick", "ijklm,jb->iklmb",
@@ -241,6 +242,7 @@ def peak_ratio(eq, sizes, seed=0):
     ("ijklm,ia,ja,la,ma->ka", dict(i=12, j=10, k=14, l=10, m=12, a=12)),
     ("ijk,ja,ka->ia", dict(i=64, j=64, k=64, a=400)),              # large rank: blocked rank columns
     (TTMC[0], dict(i=16, j=14, k=16, l=12, m=14, b=4, c=5, d=4, e=3)),
+    (TTMC[0], dict(i=6, j=24, k=24, l=24, m=24, b=8, c=8, d=8, e=8)),   # run in slabs of i
 ])
 def test_peak_memory_within_1_5x_of_inputs_and_output(eq, sizes):
     subs, out = split(eq)

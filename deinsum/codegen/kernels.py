@@ -162,6 +162,8 @@ def _matrix(x, sub, free, summed, rows_free):
 _PEAK = 5e10          # GEMM flop/s at large M, K, N
 _CALL = 1.5e-6        # per GEMM call (numpy matmul loop + BLAS set-up)
 _ELEM = 1.2e-9        # per element of an elementwise pass (Khatri-Rao, Hadamard-sum, copy)
+#: Elements of X per slab of a TTM chain run slab by slab (a few MiB: intermediates stay in cache).
+_SLAB = 1 << 18
 #: Temporaries up to this many elements are always allowed (beyond it: half of inputs plus output).
 _SMALL = 1 << 16
 
@@ -188,7 +190,7 @@ def group_strategy(inputs, output, shapes):
     >>> group_strategy(("ij", "jk"), "ik", [(4, 5), (5, 6)])
     'pairwise: ij,jk->ik'
     >>> group_strategy(("ijklm", "jb", "kc", "ld", "me"), "ibcde", [(24,) * 5] + [(24, 8)] * 4)
-    'TTM chain: j (middle), k (middle), m (last), l (moved last)'
+    'TTM chain: j (middle), k (middle), m (last), l (moved last); in slabs of 1 i'
     """
     return _strategy(tuple(inputs), output, tuple(tuple(int(n) for n in s) for s in shapes))[1]
 
@@ -406,12 +408,31 @@ def _ttm_strategy(subs, out, sizes):
             best = (seconds, order, kinds)
     _, order, kinds = best
     name = "TTM chain: " + ", ".join(f"{m} ({k})" for (m, _, _), k in zip(order, kinds))
-    return "ttm", name, (x, tuple(order), tuple(kinds))
+    # a large X whose first axis is kept: run the chain slab by slab (intermediates stay in cache)
+    size, first = _prod(sizes[c] for c in sx), sizes[sx[0]]
+    rows = max(1, _SLAB * first // size) if len(order) > 1 and sx[0] in out and size > 4 * _SLAB else 0
+    if rows and rows < first:
+        name += f"; in slabs of {rows} {sx[0]}"
+    return "ttm", name, (x, tuple(order), tuple(kinds), rows if rows < first else 0)
 
 
 def _run_ttm(subs, out, blocks, dtype, params):
-    x, order, kinds = params
-    t, labels = blocks[x], list(subs[x])
+    """The chain on X, or slab by slab of X's first axis (kept) so intermediates stay in cache."""
+    x, order, kinds, rows = params
+    xb = blocks[x]
+    if not rows:
+        t, labels = _ttm_chain(xb, list(subs[x]), subs, blocks, order, kinds)
+        return t.transpose([labels.index(c) for c in out])   # a view: the consumer reads it as it lies
+    res = None
+    for r0 in range(0, xb.shape[0], rows):
+        t, labels = _ttm_chain(xb[r0:r0 + rows], list(subs[x]), subs, blocks, order, kinds)
+        if res is None:
+            res = np.empty((xb.shape[0],) + t.shape[1:], dtype=t.dtype)
+        res[r0:r0 + rows] = t
+    return res.transpose([labels.index(c) for c in out])
+
+
+def _ttm_chain(t, labels, subs, blocks, order, kinds):
     for (mode, new, n), kind in zip(order, kinds):
         u = blocks[n] if subs[n][0] == mode else blocks[n].T       # (n_mode, n_new)
         q, dims = labels.index(mode), t.shape
@@ -430,7 +451,7 @@ def _run_ttm(subs, out, blocks, dtype, params):
             t = (transposed(t, perm).reshape(-1, dims[q]) @ u)
             t = t.reshape(tuple(dims[d] for d in perm[:-1]) + (u.shape[1],))
             labels = labels[:q] + labels[q + 1:] + [new]
-    return t.transpose([labels.index(c) for c in out])   # a view: the consumer reads it as it lies
+    return t, labels
 
 
 # ---------------------------------------------------------------------------------------------
