@@ -254,3 +254,12 @@ def test_large_rank_is_blocked():
     eq, sizes = "ijk,ja,ka->ia", dict(i=64, j=64, k=64, a=400)
     subs, out = split(eq)
     assert "rank columns in blocks of" in group_strategy(subs, out, [[sizes[c] for c in t] for t in subs])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_copies(dtype):
+    (a,) = operands("abcd->abcd", dict(a=9, b=10, c=11, d=70), dtype)
+    for perm in [(3, 1, 2, 0), (0, 1, 3, 2), (1, 0, 2, 3), (0, 1, 2, 3)]:
+        t = K.transposed(a, perm)
+        assert t.flags.c_contiguous
+        np.testing.assert_array_equal(t, a.transpose(perm))

@@ -78,7 +78,8 @@ def unary(a, sub, out):
 
 
 def transposed(a, perm):
-    """C-contiguous copy of ``a.transpose(perm)``: TBLIS when installed (about 5x numpy here), else numpy.
+    """C-contiguous copy of ``a.transpose(perm)``: TBLIS when installed and the innermost axis moves
+    (2.6x numpy here for 64^4, perm (3,1,2,0)), else numpy (as fast as TBLIS when it stays).
 
     >>> transposed(np.arange(6.).reshape(2, 3), (1, 0)).tolist()
     [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
@@ -86,7 +87,8 @@ def transposed(a, perm):
     t = a.transpose(perm)
     if t.flags.c_contiguous:
         return t
-    if _tblis is not None and a.size >= 4096 and a.dtype.kind in "fc" and a.dtype.itemsize >= 4:
+    if (_tblis is not None and a.size >= 1 << 16 and a.dtype.kind in "fc" and a.flags.c_contiguous
+            and perm[-1] != a.ndim - 1):
         return _tblis.ascontiguousarray(t)
     return np.ascontiguousarray(t)
 
