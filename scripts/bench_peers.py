@@ -217,8 +217,8 @@ def table(runs: list[dict]) -> list[str]:
             rate = ""
             if "dgemm" in s:
                 gemm = DGEMM_FLOPS / median(s["dgemm"])
-                rate = ", ".join(f"{k['flops'] / median(s[side]) / 1e9:.1f} ({100 * k['flops'] / median(s[side]) / gemm:.0f}%)"
-                                 for side in ("deinsum", "local")) + f"; dgemm {gemm / 1e9:.1f}"
+                rates = [k["flops"] / median(s[side]) for side in ("deinsum", "local")]
+                rate = ", ".join(f"{r / 1e9:.1f} ({100 * r / gemm:.0f}%)" for r in rates) + f"; dgemm {gemm / 1e9:.1f}"
             sizes = " ".join(f"{c}={n}" for c, n in k["sizes"].items())
             wrong = f" **WRONG: {', '.join(k['wrong'])}**" if k["wrong"] else ""
             lines.append(f"| {k['name']} ({sizes}){wrong} | {run['nprocs']} | {fmt('ctf')} | {fmt('deinsum')} | "

@@ -376,9 +376,9 @@ def _ttm_strategy(subs, out, sizes):
         if "".join(subs).count(new) != 1 or new not in out or mode in out:
             return None
         steps.append((mode, new, n))
-    if len({m for m, _, _ in steps}) != len(steps) or set(out) != ({c for c in sx if c not in
-                                                                    {m for m, _, _ in steps}} | {w for _, w, _ in steps}) \
-            or len(out) != len(set(out)):
+    contracted = {m for m, _, _ in steps}
+    kept = {c for c in sx if c not in contracted}
+    if len(contracted) != len(steps) or set(out) != kept | {w for _, w, _ in steps} or len(out) != len(set(out)):
         return None
     orders = (itertools.permutations(steps) if len(steps) <= 6
               else [sorted(steps, key=lambda t: sizes[t[1]] / sizes[t[0]])])
