@@ -162,10 +162,10 @@ def _matrix(x, sub, free, summed, rows_free):
 # ---------------------------------------------------------------------------------------------
 #: Cost model constants, in seconds (one core, float64; only their ratios steer the choice).
 _PEAK = 5e10          # GEMM flop/s at large M, K, N
-_CALL = 1.5e-6        # per GEMM call (numpy matmul loop + BLAS set-up)
+_CALL = 0.5e-6        # per GEMM call (numpy matmul loop + BLAS set-up)
 _ELEM = 1.2e-9        # per element of an elementwise pass (Khatri-Rao, Hadamard-sum, copy)
 #: Elements of X per slab of a TTM chain run slab by slab (a few MiB: intermediates stay in cache).
-_SLAB = 1 << 18
+_SLAB = 1 << 20
 #: Temporaries up to this many elements are always allowed (beyond it: half of inputs plus output).
 _SMALL = 1 << 16
 
@@ -192,7 +192,7 @@ def group_strategy(inputs, output, shapes):
     >>> group_strategy(("ij", "jk"), "ik", [(4, 5), (5, 6)])
     'pairwise: ij,jk->ik'
     >>> group_strategy(("ijklm", "jb", "kc", "ld", "me"), "ibcde", [(24,) * 5] + [(24, 8)] * 4)
-    'TTM chain: j (middle), k (middle), m (last), l (moved last); in slabs of 1 i'
+    'TTM chain: j (middle), k (middle), l (middle), m (last); in slabs of 3 i'
     """
     return _strategy(tuple(inputs), output, tuple(tuple(int(n) for n in s) for s in shapes))[1]
 
@@ -380,14 +380,19 @@ def _ttm_strategy(subs, out, sizes):
     kept = {c for c in sx if c not in contracted}
     if len(contracted) != len(steps) or set(out) != kept | {w for _, w, _ in steps} or len(out) != len(set(out)):
         return None
+    # a large X whose first axis is kept runs slab by slab (intermediates stay in cache): model one slab
+    size, first = _prod(sizes[c] for c in sx), sizes[sx[0]]
+    rows = max(1, _SLAB * first // size) if len(steps) > 1 and sx[0] in out and size > 2 * _SLAB else 0
+    rows = rows if rows < first else 0
+    dims = dict(sizes, **{sx[0]: rows}) if rows else sizes
     orders = (itertools.permutations(steps) if len(steps) <= 6
               else [sorted(steps, key=lambda t: sizes[t[1]] / sizes[t[0]])])
     best = None
     for order in orders:
         labels, seconds, kinds = list(sx), 0.0, []
         for mode, new, _ in order:
-            q, total = labels.index(mode), _prod(sizes[c] for c in labels)
-            n, w = sizes[mode], sizes[new]
+            q, total = labels.index(mode), _prod(dims[c] for c in labels)
+            n, w = dims[mode], dims[new]
             if q == len(labels) - 1:
                 kinds.append("last")
                 seconds += _gemm_seconds(total // n, n, w)
@@ -397,25 +402,22 @@ def _ttm_strategy(subs, out, sizes):
                 seconds += _gemm_seconds(total // n, n, w)
                 labels = labels[1:] + [new]
             else:
-                after = _prod(sizes[c] for c in labels[q + 1:])
+                after = _prod(dims[c] for c in labels[q + 1:])
                 batched = _gemm_seconds(w, n, after, total // (n * after))
-                moved = _gemm_seconds(total // n, n, w) + _ELEM * total
+                moved = _gemm_seconds(total // n, n, w) + 3 * _ELEM * total    # a transposed copy
                 kinds.append("middle" if batched <= moved else "moved last")
                 seconds += min(batched, moved)
                 labels = labels[:q] + [new] + labels[q + 1:] if batched <= moved else \
                     labels[:q] + labels[q + 1:] + [new]
         if labels != list(out):
-            seconds += _ELEM * _prod(sizes[c] for c in out)
+            seconds += _ELEM * _prod(dims[c] for c in out)
         if best is None or seconds < best[0] - 1e-12:
             best = (seconds, order, kinds)
     _, order, kinds = best
     name = "TTM chain: " + ", ".join(f"{m} ({k})" for (m, _, _), k in zip(order, kinds))
-    # a large X whose first axis is kept: run the chain slab by slab (intermediates stay in cache)
-    size, first = _prod(sizes[c] for c in sx), sizes[sx[0]]
-    rows = max(1, _SLAB * first // size) if len(order) > 1 and sx[0] in out and size > 4 * _SLAB else 0
-    if rows and rows < first:
+    if rows:
         name += f"; in slabs of {rows} {sx[0]}"
-    return "ttm", name, (x, tuple(order), tuple(kinds), rows if rows < first else 0)
+    return "ttm", name, (x, tuple(order), tuple(kinds), rows)
 
 
 def _run_ttm(subs, out, blocks, dtype, params):
