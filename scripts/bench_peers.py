@@ -85,7 +85,7 @@ def worker(spec_path: str, out_path: str) -> int:
     results = []
     with threadpool_limits(limits=1):
         blas = sorted({f"{i['internal_api']} {i.get('version')} {i['filepath'].split('/')[-1]} "
-                       f"x{i['num_threads']}" for i in threadpool_info()})
+                       f"{i.get('architecture') or ''} x{i['num_threads']}" for i in threadpool_info()})
         gemm_before = dgemm(spec["repeat"])
         for name in spec["kernels"]:
             eq, sizes = KERNELS[name]
@@ -192,11 +192,23 @@ def median(values):
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
+def blas_coretype() -> str:
+    """The OpenBLAS kernel numpy's OpenBLAS picks here, for every OpenBLAS in the launch (CTF's Debian
+    OpenBLAS 0.3.21 does not know this VM's CPU model and would fall back to its generic Prescott kernels)."""
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        return os.environ["OPENBLAS_CORETYPE"]
+    import numpy  # noqa: F401  (loads numpy's OpenBLAS)
+    from threadpoolctl import threadpool_info
+    return next((i["architecture"] for i in threadpool_info() if i["internal_api"] == "openblas"
+                 and i.get("architecture")), "")
+
+
 def launch(nprocs: int, spec: dict, workdir: Path, timeout: float) -> dict:
     spec_path, out_path = workdir / f"spec{nprocs}.json", workdir / f"out{nprocs}.json"
     spec_path.write_text(json.dumps(spec))
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               TBLIS_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               TBLIS_NUM_THREADS="1", OPENBLAS_CORETYPE=blas_coretype(),
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     mpiexec = Path(sys.executable).with_name("mpiexec")
     cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(nprocs), sys.executable, "-m", "mpi4py",
            str(Path(__file__).resolve()), "--worker", str(spec_path), str(out_path)]
@@ -285,7 +297,8 @@ def main(argv=None) -> int:
         f"host {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         f"- one mpiexec launch per P ({', '.join(str(r['nprocs']) for r in runs)}), {first['mpi']}; "
         f"1 thread per rank (OMP/OPENBLAS_NUM_THREADS=1 before import, threadpoolctl limits=1, TBLIS 1 thread)",
-        f"- BLAS in the processes: {'; '.join(first['blas'])}",
+        f"- BLAS in the processes: {'; '.join(first['blas'])} (OPENBLAS_CORETYPE={blas_coretype()} for every "
+        "OpenBLAS: CTF's Debian OpenBLAS 0.3.21 would otherwise run its generic Prescott kernels on this VM)",
         f"- CTF: {first['ctf'] or first['ctf_skipped']}",
         f"- median of {args.repeat} interleaved calls per side [min, max], each between barriers; "
         f"inputs already distributed (deinsum inputs='local', output='distributed'; CTF tensors made before timing)",
