@@ -128,8 +128,8 @@ def run_schedule(rt: Runtime, plan: Plan, operands: Sequence) -> np.ndarray | No
             continue
         g = item.group
         if rt.member(g.grid.dims):
-            for s in g.steps:
-                tensors[s.name] = rt.contract(*(tensors[o] for o in s.operands), *s.subscripts, s.output)
+            tensors[g.output] = rt.contract_group(tuple(sub for _, sub in g.reads), g.output_subscripts,
+                                                  *(tensors[name] for name, _ in g.reads))
         else:
             tensors[g.output] = None
     return tensors["out"]

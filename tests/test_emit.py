@@ -191,7 +191,9 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
                 lines.append(f"    {comm} = rt.cart_sub(GRID0, remain={e.comm.remain!r})")
             lines.append(f"    {move.tensor} = rt.{e.kind}({move.tensor}, move={k}{f', step={s}' if s else ''}, comm={comm})")
         if k == len(plan.moves) - 2:
-            lines += ["    if rt.member(GRID0):", "        t0 = rt.contract(in1, in2, 'ja', 'ka', 'jka')  # KRP"]
+            subs = tuple(sub for _, sub in group.reads)
+            names = ", ".join(name for name, _ in group.reads)
+            lines += ["    if rt.member(GRID0):", f"        out = rt.contract_group({subs!r}, 'ia', {names})  # KRP, TDOT"]
     listing = text[text.index(END):]
     where = [listing.find("\n" + line + "\n") for line in lines]
     assert -1 not in where and where == sorted(where), [line for line, at in zip(lines, where) if at < 0]

@@ -23,7 +23,7 @@ def test_error_in_a_local_kernel_points_at_the_runtime_files(monkeypatch):
         prog(np.ones((4, 5)), np.ones((5, 6)))
     frames = traceback.extract_tb(err.value.__traceback__)
     where = [(Path(f.filename), f.name) for f in frames]
-    for module, function in [(program, "run_schedule"), (runtime, "contract"), (kernels, "contract_pair")]:
+    for module, function in [(program, "run_schedule"), (runtime, "contract_group"), (kernels, "contract_pair")]:
         assert (Path(module.__file__), function) in where, where
     kernel = next(f for f in frames if f.name == "contract_pair")
     assert "_matrix(" in linecache.getline(kernel.filename, kernel.lineno)   # the real source line

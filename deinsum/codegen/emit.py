@@ -128,10 +128,8 @@ def _group_function(g, moves, reads) -> str:
     for m, k in moves:
         lines += _move_lines(m, k)
     lines.append(f"    if rt.member({grid}):")
-    for s in g.steps:
-        a, b = (_name(o) for o in s.operands)
-        lines.append(f"        {_name(s.name)} = rt.contract({a}, {b}, {s.subscripts[0]!r}, {s.subscripts[1]!r}, "
-                     f"{s.output!r})  # {s.kind}")
+    lines.append(f"        {_name(g.output)} = rt.contract_group({tuple(sub for _, sub in g.reads)!r}, "
+                 f"{g.output_subscripts!r}, {reads})  # {', '.join(s.kind for s in g.steps)}")
     lines += ["    else:", f"        {_name(g.output)} = None"]
     split = [g.indices[k] for k in g.grid.reduction_dims if g.grid.dims[k] > 1]
     lines.append(f"    return {_name(g.output)}" + (f"  # partial sums over ({', '.join(split)})" if split else ""))

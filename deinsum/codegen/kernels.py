@@ -1,11 +1,31 @@
-"""Local (single-rank) kernels: one binary or unary einsum step on numpy blocks.
+"""Local (single-rank) kernels: a fused group's einsum, or one binary/unary step, on numpy blocks.
 
-STANDALONE: this file imports only numpy (pytblis optionally). Its source is
-pasted verbatim into emitted scripts, and the sequential executor and the
-distributed runtime call the same functions, so there is one copy of the
-local compute logic.
+STANDALONE: this file imports only numpy and the standard library (pytblis
+optionally). Its source is pasted verbatim into emitted scripts, and the
+sequential executor and the distributed runtime call the same functions, so
+there is one copy of the local compute logic.
 
-Index strings may hold any characters; they are mapped to ASCII letters here.
+``contract_group`` computes a whole fused group's statement on this rank's
+blocks (a partial sum where the grid splits a summed index) with the fastest
+strategy a cost model finds; ``group_strategy`` names it:
+
+* ``MTTKRP`` (full or partial, any modes, factors in either orientation):
+  GEMMs on views of X (no copy of X) against the Khatri-Rao product of one
+  contiguous run of modes, then a Hadamard-sum over the other factored modes;
+  rank columns in blocks where the temporaries would exceed half of the
+  inputs plus output (and 2**16 elements); where X already holds the rank
+  index, one Hadamard-sum pass;
+* ``TTM chain`` (X times one matrix per contracted mode): leading/trailing
+  modes as one GEMM, middle modes as batched GEMMs (or moved last by a
+  transposed copy), in the order with the lowest modeled cost;
+* ``pairwise``: numpy's einsum path, each step through ``contract_pair``.
+
+Results may be transposed views: a consumer reads a block stored in any axis
+order without a copy (``contract_group`` relabels it). Peak memory stays within
+1.5x of inputs plus output except in the pairwise fallback and in TTM chains
+whose first steps grow the tensor.
+
+Index strings may hold any characters; they are mapped to ASCII letters where numpy needs them.
 
 >>> import numpy as np
 >>> a, b = np.arange(6.).reshape(2, 3), np.arange(12.).reshape(3, 4)
@@ -13,7 +33,15 @@ Index strings may hold any characters; they are mapped to ASCII letters here.
 True
 >>> float(unary(np.eye(3), "ii", ""))
 3.0
+>>> x, f = np.ones((4, 5, 6)), np.ones((5, 3))
+>>> contract_group(("ijk", "ja", "ka"), "ia", x, f, np.ones((6, 3)))[0].tolist()
+[30.0, 30.0, 30.0]
+>>> group_strategy(("ijklm", "ia", "ja", "la", "ma"), "ka", [(24,) * 5] + [(24, 24)] * 4)
+'MTTKRP to (k): GEMM over (i,j) KR^T X, Hadamard-sum over (l,m)'
 """
+import itertools
+from functools import lru_cache
+
 import numpy as np
 
 try:  # optional fast transposes (the `fast` extra)
@@ -47,6 +75,22 @@ def unary(a, sub, out):
     """
     s, o = _ascii_map(sub, out)
     return np.einsum(f"{s}->{o}", a)
+
+
+def transposed(a, perm):
+    """C-contiguous copy of ``a.transpose(perm)``: TBLIS when installed and the innermost axis moves
+    (2.6x numpy here for 64^4, perm (3,1,2,0)), else numpy (as fast as TBLIS when it stays).
+
+    >>> transposed(np.arange(6.).reshape(2, 3), (1, 0)).tolist()
+    [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+    """
+    t = a.transpose(perm)
+    if t.flags.c_contiguous:
+        return t
+    if (_tblis is not None and a.size >= 1 << 16 and a.dtype.kind in "fc" and a.flags.c_contiguous
+            and perm[-1] != a.ndim - 1):
+        return _tblis.ascontiguousarray(t)
+    return np.ascontiguousarray(t)
 
 
 def contract_pair(a, b, sa, sb, out):
@@ -85,8 +129,8 @@ def contract_pair(a, b, sa, sb, out):
         if min(na, nn) < 8:  # memory-bound (batched GEMV-like): one pass, no transposed copies
             ea, eb, eo = _ascii_map(sa, sb, out)
             return np.einsum(f"{ea},{eb}->{eo}", a, b)
-        am = a.transpose([sa.index(c) for c in batch + free_a + summed]).reshape(nb, na, nk)
-        bm = b.transpose([sb.index(c) for c in batch + summed + free_b]).reshape(nb, nk, nn)
+        am = transposed(a, [sa.index(c) for c in batch + free_a + summed]).reshape(nb, na, nk)
+        bm = transposed(b, [sb.index(c) for c in batch + summed + free_b]).reshape(nb, nk, nn)
         order = batch + free_a + free_b
         res = np.matmul(am, bm).reshape([shape[c] for c in order])
     return res.transpose([order.index(c) for c in out])
@@ -109,21 +153,353 @@ def _matrix(x, sub, free, summed, rows_free):
     use_flipped = perm_f == identity or (perm_d != identity and sub and perm_f[-1] == len(sub) - 1
                                          and perm_d[-1] != len(sub) - 1)
     if use_flipped:
-        m = x.transpose(perm_f).reshape((ns, nf) if rows_free else (nf, ns))
-        return m.T
-    return x.transpose(perm_d).reshape((nf, ns) if rows_free else (ns, nf))
+        return transposed(x, perm_f).reshape((ns, nf) if rows_free else (nf, ns)).T
+    return transposed(x, perm_d).reshape((nf, ns) if rows_free else (ns, nf))
 
 
-def contiguous(a):
-    """C-contiguous copy of ``a`` (TBLIS transpose when installed and useful)."""
-    if a.flags.c_contiguous:
-        return a
-    if _tblis is not None and a.ndim > 1 and a.size >= 4096 and a.dtype.kind in "fc":
-        perm = [int(k) for k in np.argsort(a.strides, kind="stable")[::-1]]
-        src = a.transpose(perm)
-        if src.flags.c_contiguous:  # a is a pure transpose of contiguous data
-            letters = _ASCII[:a.ndim]
-            out = np.empty(a.shape, dtype=a.dtype)
-            _tblis.transpose_add("".join(letters[p] for p in perm) + "->" + letters, src, out=out)
-            return out
-    return np.ascontiguousarray(a)
+# ---------------------------------------------------------------------------------------------
+# group kernels: cost model
+# ---------------------------------------------------------------------------------------------
+#: Cost model constants, in seconds (one core, float64; only their ratios steer the choice).
+_PEAK = 5e10          # GEMM flop/s at large M, K, N
+_CALL = 0.5e-6        # per GEMM call (numpy matmul loop + BLAS set-up)
+_ELEM = 1.2e-9        # per element of an elementwise pass (Khatri-Rao, Hadamard-sum, copy)
+#: Elements of X per slab of a TTM chain run slab by slab (a few MiB: intermediates stay in cache).
+_SLAB = 1 << 20
+#: Temporaries up to this many elements are always allowed (beyond it: half of inputs plus output).
+_SMALL = 1 << 16
+
+
+def _prod(values):
+    n = 1
+    for v in values:
+        n *= int(v)
+    return n
+
+
+def _gemm_seconds(m, k, n, calls=1):
+    """Modeled seconds of ``calls`` numpy GEMMs (m x k) @ (k x n), C order: small sizes run below peak.
+
+    Fitted on this machine's OpenBLAS, one thread: a narrow n (BLAS's m) costs more than a narrow m.
+    """
+    eff = 1.0 / (1.0 + 4.0 / m + 48.0 / k + 24.0 / n)
+    return calls * (2.0 * m * k * n / (_PEAK * eff) + _CALL)
+
+
+def group_strategy(inputs, output, shapes):
+    """The name of the strategy ``contract_group`` uses for these subscripts and block shapes.
+
+    >>> group_strategy(("ij", "jk"), "ik", [(4, 5), (5, 6)])
+    'pairwise: ij,jk->ik'
+    >>> group_strategy(("ijklm", "jb", "kc", "ld", "me"), "ibcde", [(24,) * 5] + [(24, 8)] * 4)
+    'TTM chain: j (middle), k (middle), l (middle), m (last); in slabs of 3 i'
+    """
+    return _strategy(tuple(inputs), output, tuple(tuple(int(n) for n in s) for s in shapes))[1]
+
+
+def contract_group(inputs, output, *blocks):
+    """``einsum(inputs -> output)`` of one fused group on this rank's blocks (see module docstring).
+
+    >>> x = np.arange(24.).reshape(2, 3, 4)
+    >>> u, v = np.ones((3, 2)), np.ones((4, 5))
+    >>> contract_group(("ijk", "jb", "kc"), "ibc", x, u, v).shape
+    (2, 2, 5)
+    """
+    inputs = tuple(inputs)
+    if len(inputs) != len(blocks):
+        raise ValueError(f"{len(inputs)} subscripts but {len(blocks)} blocks")
+    dtype = np.result_type(*blocks)
+    blocks = [np.asarray(b, dtype=dtype) for b in blocks]
+    # a block stored as a permutation of C order becomes a C-ordered view with permuted subscripts
+    subs = []
+    for n, (b, s) in enumerate(zip(blocks, inputs)):
+        if b.ndim > 1 and not b.flags.c_contiguous:
+            perm = sorted(range(b.ndim), key=lambda d: -abs(b.strides[d]))
+            if b.transpose(perm).flags.c_contiguous:
+                b, s = b.transpose(perm), "".join(s[d] for d in perm)
+        blocks[n] = b
+        subs.append(s)
+    kind, _, params = _strategy(tuple(subs), output, tuple(b.shape for b in blocks))
+    return _RUN[kind](subs, output, blocks, dtype, params)
+
+
+@lru_cache(maxsize=256)
+def _strategy(subs, out, shapes):
+    """(kind, name, params) for ``contract_group``; pure function of subscripts and shapes."""
+    sizes = {}
+    for s, shape in zip(subs, shapes):
+        if len(s) != len(shape):
+            raise ValueError(f"subscripts {s!r} do not match a block of shape {shape}")
+        for c, n in zip(s, shape):
+            if sizes.setdefault(c, n) != n:
+                return "einsum", "einsum (broadcast sizes)", None
+    if 0 in sizes.values():
+        return "zeros", "zeros (an empty block)", tuple(sizes[c] for c in out)
+    for match in (_mttkrp_strategy, _ttm_strategy):
+        found = match(subs, out, sizes)
+        if found is not None:
+            return found
+    return _pairwise_strategy(subs, out, sizes)
+
+
+# ---------------------------------------------------------------------------------------------
+# MTTKRP: out[free..., r] = sum over the factored modes of X[...] * prod_q F_q[n_q, r]
+# ---------------------------------------------------------------------------------------------
+def _mttkrp_strategy(subs, out, sizes):
+    """Full or partial MTTKRP (several free modes; X may already hold r: then a Hadamard-sum)."""
+    big = [n for n, s in enumerate(subs) if len(s) >= 3]
+    if len(subs) < 3 or len(big) != 1 or len(set(subs[big[0]])) != len(subs[big[0]]):
+        return None
+    x = big[0]
+    sx = subs[x]
+    pairs = [set(s) for n, s in enumerate(subs) if n != x]
+    rank = set.intersection(*pairs)
+    if any(len(s) != 2 for s in pairs) or len(rank) != 1:
+        return None
+    (r,) = rank
+    modes = [(set(s) - rank).pop() for s in pairs]
+    free = [c for c in sx if c not in modes and c != r]
+    if (len(set(modes)) != len(modes) or any(m not in sx for m in modes) or len(set(out)) != len(out)
+            or set(out) != {*free, r}):
+        return None
+    axes = [sx.index(m) for m in modes]
+    if r in sx:  # X already holds r: one elementwise pass, no GEMM
+        return "mttkrp", f"MTTKRP to ({','.join(free)}): Hadamard-sum over ({','.join(c for c in sx if c in modes)})", \
+            (x, r, None)
+    dims, nr = [sizes[c] for c in sx], sizes[r]
+    budget = max(_SMALL, 0.5 * (sum(_prod(sizes[c] for c in s) for s in subs) + _prod(sizes[c] for c in out)))
+    best = None
+    for s, e, orient in _mttkrp_variants(len(sx), axes):
+        a, k, b = _prod(dims[:s]), _prod(dims[s:e]), _prod(dims[e:])
+        rest = _prod(dims[q] for q in axes if not s <= q < e)
+        extra = (2 * k + a * b + rest) * nr       # Khatri-Rao (and its last partial), T, rest's KRP
+        block = nr if extra <= budget else max(1, int(nr * budget // extra))
+        chunks = -(-nr // block)
+        if e == len(sx) and orient == "rows":
+            gemm = _gemm_seconds(a, k, block, chunks)
+        elif e == len(sx) or s == 0:
+            gemm = _gemm_seconds(block, k, a * b, chunks) if orient == "cols" else _gemm_seconds(b, k, block, chunks)
+        else:
+            gemm = _gemm_seconds(block, k, b, a * chunks) if orient == "cols" else \
+                _gemm_seconds(b, k, block, a * chunks)
+        # measured here: OpenBLAS streams X fastest as KR^T @ X with X untransposed (its packed A operand)
+        gemm /= 0.6 if orient == "rows" else 0.7 if e == len(sx) else 1.0
+        seconds = gemm + _ELEM * (extra + (a * b * nr if rest > 1 else 0))
+        if best is None or seconds < best[0]:
+            best = (seconds, s, e, orient, block)
+    _, s, e, orient, block = best
+    name = f"MTTKRP to ({','.join(free)}): GEMM over ({','.join(sx[s:e])}) {'X^T KR' if orient == 'rows' else 'KR^T X'}"
+    hadamard = [c for c in sx if c in modes and c not in sx[s:e]]
+    if hadamard:
+        name += f", Hadamard-sum over ({','.join(hadamard)})"
+    if block < nr:
+        name += f", rank columns in blocks of {block}"
+    return "mttkrp", name, (x, r, (s, e, orient, block))
+
+
+def _mttkrp_variants(ndim, axes):
+    """(s, e, orient): GEMM over the factored axes s..e-1 (a run of ``axes``), T as (..., R) or (R, ...)."""
+    return [(s, e, o) for s in range(ndim) for e in range(s + 1, ndim + 1) if all(q in axes for q in range(s, e))
+            for o in ("rows", "cols")]
+
+
+def _khatri_rao(mats):
+    """Row-wise Khatri-Rao product of (n_q, R) matrices: ((prod n_q), R), last factor fastest."""
+    res = mats[0]
+    for m in mats[1:]:
+        res = (res[:, None, :] * m[None, :, :]).reshape(-1, res.shape[1])
+    return res
+
+
+def _run_mttkrp(subs, out, blocks, dtype, params):
+    """T = X times the Khatri-Rao product of modes s..e-1 (GEMMs on views of X), then a Hadamard-sum."""
+    x, r, gemm = params
+    sx, xb = subs[x], blocks[x]
+    n = xb.ndim
+    factors = {sx.index(sub.replace(r, "")): blocks[k] if sub[1] == r else blocks[k].T
+               for k, sub in enumerate(subs) if k != x}           # axis of X -> (n_axis, R)
+    label = {c: q for q, c in enumerate(sx)}
+    label.setdefault(r, n)
+    out_axes = [label[c] for c in out]
+    if gemm is None:
+        rest = sorted(factors)
+        w = _khatri_rao([factors[q] for q in rest]).reshape([xb.shape[q] for q in rest] + [-1])
+        return np.einsum(xb, list(range(n)), w, rest + [label[r]], out_axes)
+    s, e, orient, block = gemm
+    dims = xb.shape
+    nr = next(f.shape[1] for f in factors.values())
+    a, k, b = _prod(dims[:s]), _prod(dims[s:e]), _prod(dims[e:])
+    rest = [q for q in sorted(factors) if not s <= q < e]
+    t_axes = list(range(s)) + list(range(e, n)) + [n] if orient == "rows" else \
+        list(range(s)) + [n] + list(range(e, n))
+    res_axes = sorted(out_axes)                                    # free axes in X's order, then r
+    res = None if block == nr and not rest else np.empty([dims[q] if q < n else nr for q in res_axes], dtype)
+    for r0 in range(0, nr, block):
+        cols = slice(r0, min(nr, r0 + block))
+        kr = _khatri_rao([factors[q][:, cols] for q in range(s, e)])
+        if orient == "rows":
+            t = xb.reshape(a, k) @ kr if e == n else np.matmul(xb.reshape(a, k, b).transpose(0, 2, 1), kr)
+        elif s == 0:
+            t = kr.T @ xb.reshape(k, b)
+        elif e == n:
+            t = (kr.T @ xb.reshape(a, k).T).T
+        else:
+            t = np.matmul(kr.T, xb.reshape(a, k, b))
+        t = t.reshape([dims[q] if q < n else -1 for q in t_axes])
+        if res is None:           # T is the result: a transposed view, no copy
+            return t.transpose([t_axes.index(q) for q in out_axes])
+        if rest:
+            w = _khatri_rao([factors[q][:, cols] for q in rest]).reshape([dims[q] for q in rest] + [-1])
+            np.einsum(t, t_axes, w, rest + [n], res_axes, out=res[..., cols])
+        else:
+            res[..., cols] = np.einsum(t, t_axes, res_axes)
+        del kr, t  # before the next block's Khatri-Rao product
+    return res.transpose([res_axes.index(q) for q in out_axes])
+
+
+# ---------------------------------------------------------------------------------------------
+# TTM chain: X times one matrix per contracted mode, e.g. ijklm,jb,kc,ld,me->ibcde
+# ---------------------------------------------------------------------------------------------
+def _ttm_strategy(subs, out, sizes):
+    big = [n for n, s in enumerate(subs) if len(s) >= 3]
+    if len(subs) < 2 or len(big) != 1 or len(set(subs[big[0]])) != len(subs[big[0]]):
+        return None
+    x = big[0]
+    sx = subs[x]
+    steps = []   # (mode, new index, operand)
+    for n, s in enumerate(subs):
+        if n == x:
+            continue
+        if len(s) != 2 or (s[0] in sx) == (s[1] in sx):
+            return None
+        mode, new = (s[0], s[1]) if s[0] in sx else (s[1], s[0])
+        if "".join(subs).count(new) != 1 or new not in out or mode in out:
+            return None
+        steps.append((mode, new, n))
+    contracted = {m for m, _, _ in steps}
+    kept = {c for c in sx if c not in contracted}
+    if len(contracted) != len(steps) or set(out) != kept | {w for _, w, _ in steps} or len(out) != len(set(out)):
+        return None
+    # a large X whose first axis is kept runs slab by slab (intermediates stay in cache): model one slab
+    size, first = _prod(sizes[c] for c in sx), sizes[sx[0]]
+    rows = max(1, _SLAB * first // size) if len(steps) > 1 and sx[0] in out and size > 2 * _SLAB else 0
+    rows = rows if rows < first else 0
+    dims = dict(sizes, **{sx[0]: rows}) if rows else sizes
+    orders = (itertools.permutations(steps) if len(steps) <= 6
+              else [sorted(steps, key=lambda t: sizes[t[1]] / sizes[t[0]])])
+    best = None
+    for order in orders:
+        labels, seconds, kinds = list(sx), 0.0, []
+        for mode, new, _ in order:
+            q, total = labels.index(mode), _prod(dims[c] for c in labels)
+            n, w = dims[mode], dims[new]
+            if q == len(labels) - 1:
+                kinds.append("last")
+                seconds += _gemm_seconds(total // n, n, w)
+                labels[q] = new
+            elif q == 0:
+                kinds.append("first")
+                seconds += _gemm_seconds(total // n, n, w)
+                labels = labels[1:] + [new]
+            else:
+                after = _prod(dims[c] for c in labels[q + 1:])
+                batched = _gemm_seconds(w, n, after, total // (n * after))
+                moved = _gemm_seconds(total // n, n, w) + 3 * _ELEM * total    # a transposed copy
+                kinds.append("middle" if batched <= moved else "moved last")
+                seconds += min(batched, moved)
+                labels = labels[:q] + [new] + labels[q + 1:] if batched <= moved else \
+                    labels[:q] + labels[q + 1:] + [new]
+        if labels != list(out):
+            seconds += _ELEM * _prod(dims[c] for c in out)
+        if best is None or seconds < best[0] - 1e-12:
+            best = (seconds, order, kinds)
+    _, order, kinds = best
+    name = "TTM chain: " + ", ".join(f"{m} ({k})" for (m, _, _), k in zip(order, kinds))
+    if rows:
+        name += f"; in slabs of {rows} {sx[0]}"
+    return "ttm", name, (x, tuple(order), tuple(kinds), rows)
+
+
+def _run_ttm(subs, out, blocks, dtype, params):
+    """The chain on X, or slab by slab of X's first axis (kept) so intermediates stay in cache."""
+    x, order, kinds, rows = params
+    xb = blocks[x]
+    if not rows:
+        t, labels = _ttm_chain(xb, list(subs[x]), subs, blocks, order, kinds)
+        return t.transpose([labels.index(c) for c in out])   # a view: the consumer reads it as it lies
+    res = None
+    for r0 in range(0, xb.shape[0], rows):
+        t, labels = _ttm_chain(xb[r0:r0 + rows], list(subs[x]), subs, blocks, order, kinds)
+        if res is None:
+            res = np.empty((xb.shape[0],) + t.shape[1:], dtype=t.dtype)
+        res[r0:r0 + rows] = t
+    return res.transpose([labels.index(c) for c in out])
+
+
+def _ttm_chain(t, labels, subs, blocks, order, kinds):
+    for (mode, new, n), kind in zip(order, kinds):
+        u = blocks[n] if subs[n][0] == mode else blocks[n].T       # (n_mode, n_new)
+        q, dims = labels.index(mode), t.shape
+        if kind == "last":
+            t = (t.reshape(-1, dims[q]) @ u).reshape(dims[:q] + (u.shape[1],))
+            labels[q] = new
+        elif kind == "first":
+            t = (t.reshape(dims[0], -1).T @ u).reshape(dims[1:] + (u.shape[1],))
+            labels = labels[1:] + [new]
+        elif kind == "middle":
+            t = np.matmul(u.T, t.reshape(_prod(dims[:q]), dims[q], -1))
+            t = t.reshape(dims[:q] + (u.shape[1],) + dims[q + 1:])
+            labels[q] = new
+        else:  # moved last
+            perm = [d for d in range(len(dims)) if d != q] + [q]
+            t = (transposed(t, perm).reshape(-1, dims[q]) @ u)
+            t = t.reshape(tuple(dims[d] for d in perm[:-1]) + (u.shape[1],))
+            labels = labels[:q] + labels[q + 1:] + [new]
+    return t, labels
+
+
+# ---------------------------------------------------------------------------------------------
+# everything else: numpy's einsum path, one contract_pair per step
+# ---------------------------------------------------------------------------------------------
+def _pairwise_strategy(subs, out, sizes):
+    # indices needed by no other operand and not by the output are summed first (unary)
+    kept = []
+    for n, s in enumerate(subs):
+        elsewhere = out + "".join(subs[:n] + subs[n + 1:])
+        kept.append("".join(dict.fromkeys(c for c in s if c in elsewhere)))
+    path = ()
+    if len(kept) > 1:
+        letters = _ascii_map(*kept, out)
+        views = [np.broadcast_to(np.zeros(()), tuple(sizes[c] for c in s)) for s in kept]
+        path = tuple(tuple(step) for step in np.einsum_path(
+            ",".join(letters[:-1]) + "->" + letters[-1], *views,
+            optimize="optimal" if len(kept) <= 4 else "greedy")[0][1:])
+    return "pairwise", f"pairwise: {','.join(subs)}->{out}", (tuple(kept), path)
+
+
+def _run_pairwise(subs, out, blocks, dtype, params):
+    kept, path = params
+    ops = [(k, b if k == s else unary(b, s, k)) for s, k, b in zip(subs, kept, blocks)]
+    for step in path:
+        group = [ops.pop(i) for i in sorted(step, reverse=True)]
+        while len(group) > 1:  # numpy's path may join more than two operands in one step
+            (sa, a), (sb, b) = group.pop(), group.pop()
+            needed = out + "".join(s for s, _ in ops + group)
+            batch = [c for c in sa if c in sb and c in needed]
+            res = "".join(batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa])
+            group.append((res, contract_pair(a, b, sa, sb, res)))
+        ops += group
+    (s, res), = ops
+    return res if s == out else unary(res, s, out)
+
+
+def _run_zeros(subs, out, blocks, dtype, shape):
+    return np.zeros(shape, dtype=dtype)
+
+
+def _run_einsum(subs, out, blocks, dtype, params):
+    return reference_einsum(",".join(subs) + "->" + out, *blocks)
+
+
+_RUN = {"mttkrp": _run_mttkrp, "ttm": _run_ttm, "pairwise": _run_pairwise,
+        "zeros": _run_zeros, "einsum": _run_einsum}

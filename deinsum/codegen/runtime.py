@@ -7,7 +7,7 @@ emitted, is straight-line code over a :class:`Runtime`::
     grid0_sum = rt.cart_sub((2, 2, 2, 1), remain=(1, 2))
     in0 = rt.scatter(in0, move=0)
     if rt.member((2, 2, 2, 1)):
-        out = rt.contract(in0, t0, "ijk", "jka", "ia")
+        out = rt.contract_group(("ja", "ka", "ijk"), "ia", in1, in2, in0)
     out = rt.reduce_scatter(out, move=3, comm=grid0_sum)
     out = rt.gather(out, move=3, step=1)
 
@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .exchange import ByteLog, Transfer, element_type
-from .kernels import contract_pair, unary
+from .kernels import contract_group, unary
 
 PHASES = ("distribute", "compute", "reduce", "redistribute", "gather")
 
@@ -57,7 +57,7 @@ class Clock:
 
 
 def pin_blas_threads(comm):
-    """Lower BLAS threads so that ranks on this node x threads <= cores (needs threadpoolctl).
+    """Lower BLAS (and TBLIS) threads so that ranks on this node x threads <= cores (needs threadpoolctl).
 
     Never raises a limit the caller set. Collective on ``comm``. Returns the
     threads per rank, or None without threadpoolctl.
@@ -71,6 +71,11 @@ def pin_blas_threads(comm):
     threads = max(1, min(now, (os.cpu_count() or 1) // node.size))
     node.Free()
     threadpool_limits(threads, user_api="blas")
+    try:  # TBLIS (the transposes of the `fast` extra) keeps its own thread count
+        import pytblis
+    except ImportError:
+        return threads
+    pytblis.set_num_threads(min(threads, pytblis.get_num_threads()))
     return threads
 
 
@@ -161,10 +166,10 @@ class Runtime:
         return self._transfers[key]
 
     # ---- local compute --------------------------------------------------------------------------
-    def contract(self, a, b, sa, sb, out):
-        """One binary step on this rank's blocks (see ``contract_pair``), timed as compute."""
+    def contract_group(self, inputs, output, *blocks):
+        """A fused group's statement on this rank's blocks (see ``contract_group``), timed as compute."""
         with self.clock("compute"):
-            return contract_pair(a, b, sa, sb, out)
+            return contract_group(inputs, output, *blocks)
 
     def unary(self, a, sub, out):
         """A unary pre-pass step where the operand is (None stays None)."""

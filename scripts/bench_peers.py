@@ -1,0 +1,329 @@
+"""deinsum side by side with CTF (Cyclops) on the suite kernels, one mpiexec launch per P.
+
+In each launch every rank builds the same global operands (same seed), then per kernel:
+CTF ``ctf.einsum`` on tensors made before timing, the compiled deinsum program
+(``inputs="local"``: each rank passes its block; ``output="distributed"``), the
+local kernel alone (``contract_group`` of the whole statement on a 1/P slab: the
+first output index split evenly, factors whole), and at P = 1 ``opt_einsum.contract``.
+Calls are interleaved (the order rotates per repetition), each between barriers,
+with 1 BLAS/OpenMP thread per rank (environment set before import, enforced with
+threadpoolctl; TBLIS set to 1 thread). Every result is checked against numpy.
+GFLOP/s count opt_einsum's optimal-path FLOPs; at P = 1 a 1-thread numpy 2048^3 dgemm
+is one more interleaved side of every kernel (the share of dgemm compares medians of the same
+repetitions; the machine's load changes between kernels).
+
+    . /tmp/ctf-peer/env.sh     # CTF's venv (see ../shared/peers/ctf/README.md); without ctf: CTF skipped
+    PYTHONPATH=. python scripts/bench_peers.py --procs 1 2 --repeat 9
+    python scripts/bench_peers.py --kernels 1MM --scale 0.25 --repeat 3    # a quick look
+
+Writes bench-results/peers.json (every timing) and bench-results/peers.md (table + conditions).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: name -> (equation, sizes): the suite kernels of issue 14's table.
+KERNELS = {
+    "1MM": ("ij,jk->ik", dict(i=2048, j=2048, k=2048)),
+    "MTTKRP-O3-M0": ("ijk,ja,ka->ia", dict(i=256, j=256, k=256, a=24)),
+    "MTTKRP-O3-M1": ("ijk,ia,ka->ja", dict(i=256, j=256, k=256, a=24)),
+    "MTTKRP-O3-M2": ("ijk,ia,ja->ka", dict(i=256, j=256, k=256, a=24)),
+    "MTTKRP-O5-M0": ("ijklm,ja,ka,la,ma->ia", dict(i=24, j=24, k=24, l=24, m=24, a=24)),
+    "MTTKRP-O5-M2": ("ijklm,ia,ja,la,ma->ka", dict(i=24, j=24, k=24, l=24, m=24, a=24)),
+    "MTTKRP-O5-M4": ("ijklm,ia,ja,ka,la->ma", dict(i=24, j=24, k=24, l=24, m=24, a=24)),
+    "TTMc-O5-M0": ("ijklm,jb,kc,ld,me->ibcde", dict(i=24, j=24, k=24, l=24, m=24, b=8, c=8, d=8, e=8)),
+}
+SIDES = ("ctf", "deinsum", "local", "opt_einsum", "dgemm")
+DGEMM_FLOPS = 2 * 2048 ** 3
+
+
+# ---------------------------------------------------------------------------------------------------------
+# worker: runs under mpiexec
+# ---------------------------------------------------------------------------------------------------------
+def worker(spec_path: str, out_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    import numpy as np
+    import opt_einsum
+    from mpi4py import MPI
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import deinsum
+    from deinsum.codegen.kernels import _tblis, contract_group, group_strategy
+
+    comm = MPI.COMM_WORLD
+    try:
+        import ctf
+        ctf_error = None
+    except ImportError as exc:
+        ctf, ctf_error = None, f"import ctf failed ({exc}): CTF skipped"
+    if _tblis is not None:
+        _tblis.set_num_threads(1)
+
+    def timed(fn):
+        comm.Barrier()
+        start = time.perf_counter()
+        value = fn()
+        comm.Barrier()
+        return time.perf_counter() - start, value
+
+    def dgemm(repeat):
+        a = np.random.default_rng(0).standard_normal((2048, 2048))
+        a @ a
+        seconds = [timed(lambda: a @ a)[0] for _ in range(repeat)]
+        return {"seconds": seconds, "gflops": 2 * 2048 ** 3 / float(np.median(seconds)) / 1e9}
+
+    results = []
+    with threadpool_limits(limits=1):
+        blas = sorted({f"{i['internal_api']} {i.get('version')} {i['filepath'].split('/')[-1]} "
+                       f"{i.get('architecture') or ''} x{i['num_threads']}" for i in threadpool_info()})
+        gemm_before = dgemm(spec["repeat"])
+        for name in spec["kernels"]:
+            eq, sizes = KERNELS[name]
+            sizes = {c: max(1, round(n * spec["scale"])) if n > 24 else n
+                     for c, n in sizes.items()}
+            results.append(run_kernel(name, eq, sizes, spec["repeat"], comm, np, opt_einsum, deinsum, ctf,
+                                      contract_group, group_strategy, timed))
+        gemm_after = dgemm(spec["repeat"])
+    if comm.rank == 0:
+        Path(out_path).write_text(json.dumps({
+            "nprocs": comm.size, "mpi": MPI.Get_library_version().strip().splitlines()[0],
+            "blas": blas, "ctf": None if ctf is None else ctf.__file__, "ctf_skipped": ctf_error,
+            "deinsum": deinsum.__file__, "tblis": _tblis is not None,
+            "dgemm": {"before": gemm_before, "after": gemm_after}, "kernels": results}, indent=1))
+    return 0
+
+
+def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, contract_group, group_strategy, timed):
+    """Interleaved timings of every side on one kernel; results checked against numpy."""
+    lhs, out = eq.split("->")
+    subs = lhs.split(",")
+    shapes = [tuple(sizes[c] for c in s) for s in subs]
+    rng = np.random.default_rng(42)
+    ops = [rng.standard_normal(s) for s in shapes]
+    ref = np.einsum(eq, *ops, optimize=True)
+    flops = float(opt_einsum.contract_path(eq, *ops, optimize="optimal")[1].opt_cost)
+    rank, size = comm.rank, comm.size
+    errors = {}
+
+    def close(got, want):
+        return bool(np.allclose(got, want, rtol=1e-9, atol=1e-9 * float(np.abs(ref).max())))
+
+    # deinsum: the compiled program, each rank holding its block of the even entry layout
+    prog = deinsum.compile(eq, *shapes)
+    plan = prog.plan(nprocs=size, inputs="local", output="distributed")
+    blocks = [np.ascontiguousarray(op[layout.block(rank)]) if layout.block(rank) is not None
+              else np.zeros(layout.local_shape(rank)) for op, layout in zip(ops, plan.entry)]
+    res = prog(*blocks, comm=comm, inputs="local", output="distributed")
+    ok = res.local is None or res.block is None or close(res.local, ref[res.block])
+    errors["deinsum"] = not comm.allreduce(ok, op=_land())
+
+    # the local kernel: the whole statement on a 1/P slab of the first output index, factors whole
+    split = out[0]
+    n = sizes[split]
+    lo, hi = rank * n // size, (rank + 1) * n // size
+    slab = [np.ascontiguousarray(op[tuple(slice(lo, hi) if c == split else slice(None) for c in s)])
+            for op, s in zip(ops, subs)]
+    local = contract_group(subs, out, *slab)
+    errors["local"] = not comm.allreduce(close(local, ref[(slice(None),) * out.index(split) + (slice(lo, hi),)]),
+                                         op=_land())
+    strategy = group_strategy(subs, out, [b.shape for b in slab])
+    group_strategies = [group_strategy([s for _, s in g.reads], g.output_subscripts,
+                                       [tuple(hi - lo for lo, hi in zip(*_box(g, s, sizes, rank)))
+                                        for _, s in g.reads]) for g in plan.groups]
+
+    calls = {"deinsum": lambda: prog(*blocks, comm=comm, inputs="local", output="distributed"),
+             "local": lambda: contract_group(subs, out, *slab)}
+    if ctf is not None:
+        tensors = [ctf.astensor(op) for op in ops]           # rank 0 writes every element: before timing
+        got = ctf.einsum(eq, *tensors)
+        inds, vals = got.read_local()
+        errors["ctf"] = not comm.allreduce(close(vals, ref.ravel()[inds]), op=_land())
+        calls["ctf"] = lambda: ctf.einsum(eq, *tensors)
+    if size == 1:
+        calls["opt_einsum"] = lambda: opt_einsum.contract(eq, *ops)
+        errors["opt_einsum"] = not close(opt_einsum.contract(eq, *ops), ref)
+        gemm = rng.standard_normal((2048, 2048))
+        calls["dgemm"] = lambda: gemm @ gemm                 # the reference, interleaved with the kernel
+    for side in calls:
+        calls[side]()                                          # warm
+    seconds = {side: [] for side in calls}
+    order = [s for s in SIDES if s in calls]
+    for k in range(repeat):
+        for side in order[k % len(order):] + order[:k % len(order)]:
+            seconds[side].append(timed(calls[side])[0])
+    if rank == 0:
+        print(f"P={size} {name}: " + ", ".join(f"{s} {1e3 * float(np.median(v)):.1f} ms" for s, v in seconds.items())
+              + (f"; WRONG: {[s for s, e in errors.items() if e]}" if any(errors.values()) else ""), flush=True)
+    return {"name": name, "equation": eq, "sizes": sizes, "flops": flops, "seconds": seconds,
+            "wrong": [s for s, e in errors.items() if e], "local_strategy": strategy,
+            "group_strategies": group_strategies,
+            "grids": [f"{g.indices}={'x'.join(map(str, g.grid.dims))}" for g in plan.groups]}
+
+
+def _box(group, sub, sizes, rank):
+    """(lo, hi) per index of ``sub`` on ``rank`` in the group's grid (the rank's block of a read)."""
+    layout = group.grid.layout(sub, sizes, partial=False)
+    block = layout.block(rank)
+    if block is None:
+        return [0] * len(sub), [0] * len(sub)
+    return [s.start for s in block], [s.stop for s in block]
+
+
+def _land():
+    from mpi4py import MPI
+    return MPI.LAND
+
+
+# ---------------------------------------------------------------------------------------------------------
+# driver
+# ---------------------------------------------------------------------------------------------------------
+def median(values):
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
+def blas_coretype() -> str:
+    """The OpenBLAS kernel numpy's OpenBLAS picks here, for every OpenBLAS in the launch (CTF's Debian
+    OpenBLAS 0.3.21 does not know this VM's CPU model and would fall back to its generic Prescott kernels)."""
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        return os.environ["OPENBLAS_CORETYPE"]
+    __import__("numpy")   # loads numpy's OpenBLAS
+    from threadpoolctl import threadpool_info
+    return next((i["architecture"] for i in threadpool_info() if i["internal_api"] == "openblas"
+                 and i.get("architecture")), "")
+
+
+def launch(nprocs: int, spec: dict, workdir: Path, timeout: float) -> dict:
+    spec_path, out_path = workdir / f"spec{nprocs}.json", workdir / f"out{nprocs}.json"
+    spec_path.write_text(json.dumps(spec))
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               TBLIS_NUM_THREADS="1", OPENBLAS_CORETYPE=blas_coretype(),
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(nprocs), sys.executable, "-m", "mpi4py",
+           str(Path(__file__).resolve()), "--worker", str(spec_path), str(out_path)]
+    subprocess.run(cmd, env=env, timeout=timeout, check=True)
+    return json.loads(out_path.read_text())
+
+
+def table(runs: list[dict]) -> list[str]:
+    lines = ["| kernel (sizes) | P | CTF ms | deinsum ms | deinsum / CTF | local kernel ms | local / CTF "
+             "| opt_einsum ms | GFLOP/s deinsum, local (share of dgemm) | local strategy |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        for k in run["kernels"]:
+            s = k["seconds"]
+            fmt = lambda side: (f"{1e3 * median(s[side]):.1f} [{1e3 * min(s[side]):.1f}, {1e3 * max(s[side]):.1f}]"
+                                if side in s else "-")
+            ratio = lambda side: f"{median(s[side]) / median(s['ctf']):.2f}" if "ctf" in s else "-"
+            rate = ""
+            if "dgemm" in s:
+                gemm = DGEMM_FLOPS / median(s["dgemm"])
+                rates = [k["flops"] / median(s[side]) for side in ("deinsum", "local")]
+                rate = ", ".join(f"{r / 1e9:.1f} ({100 * r / gemm:.0f}%)" for r in rates) + f"; dgemm {gemm / 1e9:.1f}"
+            sizes = " ".join(f"{c}={n}" for c, n in k["sizes"].items())
+            wrong = f" **WRONG: {', '.join(k['wrong'])}**" if k["wrong"] else ""
+            lines.append(f"| {k['name']} ({sizes}){wrong} | {run['nprocs']} | {fmt('ctf')} | {fmt('deinsum')} | "
+                         f"{ratio('deinsum')} | {fmt('local')} | {ratio('local')} | {fmt('opt_einsum')} | {rate} | "
+                         f"{k['local_strategy']} |")
+    return lines
+
+
+def acceptance(runs: list[dict]) -> list[str]:
+    """One line per target of issue 14: which kernels meet it and which do not."""
+    rows = []
+    for run in runs:
+        for k in run["kernels"]:
+            rows.append((run["nprocs"], k["name"], {side: median(v) for side, v in k["seconds"].items()}, k["flops"]))
+
+    def line(target, checks):
+        bad = [f"{name} P={p} ({value})" for p, name, ok, value in checks if not ok]
+        good = [f"{name} P={p} ({value})" for p, name, ok, value in checks if ok]
+        verdict = "HOLDS" if checks and not bad else "NOT MET" if checks else "not measured"
+        return f"- {target}: **{verdict}**" + (f"; misses: {', '.join(bad)}" if bad else "") + \
+            (f"; meets: {', '.join(good)}" if good else "")
+
+    out = []
+    for who in ("deinsum", "local"):
+        checks = [(p, n, t[who] / t["ctf"] <= (0.9 if n == "1MM" else 0.5), f"{t[who] / t['ctf']:.2f}")
+                  for p, n, t, _ in rows if "ctf" in t]
+        out.append(line(f"{who} / CTF <= 0.5 on MTTKRP and TTMc, <= 0.9 on 1MM", checks))
+        checks = [(p, n, f / t[who] / (DGEMM_FLOPS / t["dgemm"]) >= (0.3 if n.startswith("TTMc") else 0.5),
+                   f"{100 * f / t[who] / (DGEMM_FLOPS / t['dgemm']):.0f}%")
+                  for p, n, t, f in rows if "dgemm" in t and n != "1MM"]
+        out.append(line(f"{who} at P=1 >= 50% of dgemm on MTTKRP, >= 30% on TTMc", checks))
+        checks = [(p, n, t[who] <= t["opt_einsum"], f"{t[who] / t['opt_einsum']:.2f}x")
+                  for p, n, t, _ in rows if "opt_einsum" in t]
+        out.append(line(f"{who} at P=1 not slower than opt_einsum.contract", checks))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--procs", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS), metavar="KERNEL")
+    ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--scale", type=float, default=1.0, help="scale the large sizes (quick looks)")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--out", default=str(ROOT / "bench-results" / "peers"))
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(*args.worker)
+    spec = {"kernels": args.kernels, "repeat": args.repeat, "scale": args.scale}
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in args.procs:
+            load = os.getloadavg()
+            run = launch(p, spec, Path(tmp), args.timeout)
+            run["load_before"] = load
+            run["load_after"] = os.getloadavg()
+            runs.append(run)
+    commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                            text=True).stdout.strip()
+    first = runs[0]
+    conditions = [
+        f"- date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; deinsum {commit} ({first['deinsum']}); "
+        f"host {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        f"- one mpiexec launch per P ({', '.join(str(r['nprocs']) for r in runs)}), {first['mpi']}; "
+        f"1 thread per rank (OMP/OPENBLAS_NUM_THREADS=1 before import, threadpoolctl limits=1, TBLIS 1 thread)",
+        f"- BLAS in the processes: {'; '.join(first['blas'])} (OPENBLAS_CORETYPE={blas_coretype()} for every "
+        "OpenBLAS: CTF's Debian OpenBLAS 0.3.21 would otherwise run its generic Prescott kernels on this VM)",
+        f"- CTF: {first['ctf'] or first['ctf_skipped']}",
+        f"- median of {args.repeat} interleaved calls per side [min, max], each between barriers; "
+        f"inputs already distributed (deinsum inputs='local', output='distributed'; CTF tensors made before timing)",
+        "- local kernel: contract_group of the whole statement on this rank's 1/P slab (first output index split "
+        "evenly, other operands whole); its GFLOP/s count opt_einsum's optimal-path FLOPs",
+        "- dgemm (numpy 2048^3, 1 thread, same launch, before/after): " + "; ".join(
+            f"P={r['nprocs']}: {r['dgemm']['before']['gflops']:.1f}/{r['dgemm']['after']['gflops']:.1f} GFLOP/s"
+            for r in runs),
+        "- load average (1 min) before/after each launch: " + "; ".join(
+            f"P={r['nprocs']}: {r['load_before'][0]:.1f}/{r['load_after'][0]:.1f}" for r in runs)
+        + " (the machine is shared: other jobs ran at the same time)",
+    ]
+    grids = ["", "Plans and group strategies (per rank 0's blocks):", ""] + [
+        f"- P={r['nprocs']} {k['name']}: grids {', '.join(k['grids'])}; groups: {' | '.join(k['group_strategies'])}"
+        for r in runs for k in r["kernels"]]
+    text = "\n".join(["# deinsum side by side with CTF", "", "Conditions:", ""] + conditions + [""] + table(runs)
+                     + ["", "Acceptance (issue 14), deinsum = the compiled program; local = contract_group alone:", ""]
+                     + acceptance(runs) + grids) + "\n"
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text)
+    out.with_suffix(".json").write_text(json.dumps({"conditions": conditions, "runs": runs}, indent=1))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

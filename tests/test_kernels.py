@@ -1,0 +1,271 @@
+"""Local group kernels (deinsum/codegen/kernels.py): every strategy equals numpy.einsum, memory stays bounded."""
+import itertools
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from deinsum.codegen import kernels as K
+from deinsum.codegen.kernels import contract_group, group_strategy
+
+DTYPES = [np.float32, np.float64, np.complex64, np.complex128, np.int64]
+
+MTTKRP = {  # every mode of orders 3 and 5 (uneven sizes)
+    **{f"O3-M{m}": ("ijk," + ",".join(f"{c}a" for c in "ijk" if c != "ijk"[m]) + f"->{'ijk'[m]}a",
+                    dict(i=7, j=6, k=5, a=3)) for m in range(3)},
+    **{f"O5-M{m}": ("ijklm," + ",".join(f"{c}a" for c in "ijklm" if c != "ijklm"[m]) + f"->{'ijklm'[m]}a",
+                    dict(i=5, j=4, k=3, l=4, m=2, a=3)) for m in range(5)},
+}
+TTMC = ("ijklm,jb,kc,ld,me->ibcde", dict(i=5, j=4, k=3, l=4, m=3, b=2, c=3, d=2, e=2))
+
+
+def operands(eq, sizes, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    shapes = [[sizes[c] for c in t] for t in eq.split("->")[0].split(",")]
+    if np.dtype(dtype).kind == "i":
+        return [rng.integers(-3, 4, size=s).astype(dtype) for s in shapes]
+    ops = [rng.standard_normal(s) + (1j * rng.standard_normal(s) if np.dtype(dtype).kind == "c" else 0)
+           for s in shapes]
+    return [np.asarray(o, dtype=dtype) for o in ops]
+
+
+def check(eq, ops, result):
+    ref = np.einsum(eq, *ops)
+    assert result.shape == ref.shape and result.dtype == ref.dtype
+    if ref.dtype.kind == "i":
+        np.testing.assert_array_equal(result, ref)
+    else:
+        tol = 2e-4 if ref.dtype in (np.float32, np.complex64) else 1e-10
+        np.testing.assert_allclose(result, ref, rtol=tol, atol=tol * max(1.0, float(np.abs(ref).max(initial=0))))
+
+
+def split(eq):
+    lhs, out = eq.split("->")
+    return lhs.split(","), out
+
+
+# ---- MTTKRP: every variant (GEMM run x orientation) and rank blocking -------------------------------
+PARTIAL = {  # the groups the planner makes of MTTKRP-O5 (partial MTTKRP, then a Hadamard-sum)
+    "partial": ("ja,ka,ijklm->ilma", dict(i=5, j=4, k=3, l=4, m=2, a=3)),
+    "hadamard": ("la,ma,ilma->ia", dict(i=5, l=4, m=2, a=3)),
+    "two-free": ("ijkl,ia,ka->ajl", dict(i=5, j=4, k=3, l=4, a=3)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(MTTKRP) + list(PARTIAL))
+def test_mttkrp_every_variant_equals_numpy(name, dtype):
+    eq, sizes = MTTKRP.get(name) or PARTIAL[name]
+    subs, out = split(eq)
+    ops = operands(eq, sizes, dtype)
+    kind, strategy, (x, r, gemm) = K._strategy(tuple(subs), out, tuple(o.shape for o in ops))
+    free = [c for c in subs[x] if c in out and c != "a"]
+    assert kind == "mttkrp" and strategy.startswith(f"MTTKRP to ({','.join(free)}): ")
+    check(eq, ops, contract_group(subs, out, *ops))
+    if gemm is None:
+        assert name == "hadamard"
+        return
+    axes = [q for q, c in enumerate(subs[x]) if c not in out]
+    variants = K._mttkrp_variants(len(subs[x]), axes)
+    assert len(variants) >= 2
+    for s, e, orient in variants:
+        for block in (3, 2, 1):                       # all rank columns at once, uneven and single blocks
+            check(eq, ops, K._run_mttkrp(subs, out, ops, np.dtype(dtype), (x, r, (s, e, orient, block))))
+
+
+@pytest.mark.parametrize("eq", ["kji,ia,ka->ja", "ijk,ai,ja->ak", "ijkl,la,ia,ja->ak", "abc,ax,cx->xb"])
+def test_mttkrp_any_index_order(eq):
+    subs, out = split(eq)
+    sizes = {c: 2 + n for n, c in enumerate(sorted(set(eq) - set(",->")))}
+    ops = operands(eq, sizes, np.float64)
+    assert group_strategy(subs, out, [o.shape for o in ops]).startswith("MTTKRP")
+    check(eq, ops, contract_group(subs, out, *ops))
+
+
+# ---- TTM chains: every order and middle-mode kind -----------------------------------------------------
+def ttm_plans(subs, sizes):
+    """Every (order, kinds) the TTM kernel can run: middle modes batched or moved last."""
+    x = 0
+    steps = [(s[0] if s[0] in subs[0] else s[1], s[1] if s[0] in subs[0] else s[0], n)
+             for n, s in enumerate(subs) if n]
+    for order in itertools.permutations(steps):
+        for middle in itertools.product(("middle", "moved last"), repeat=len(order)):
+            labels, kinds = list(subs[x]), []
+            for (mode, new, _), m in zip(order, middle):
+                q = labels.index(mode)
+                kind = "last" if q == len(labels) - 1 else "first" if q == 0 else m
+                kinds.append(kind)
+                labels = (labels[:q] + [new] + labels[q + 1:] if kind in ("last", "middle")
+                          else labels[:q] + labels[q + 1:] + [new])
+            yield x, order, tuple(kinds)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ttmc_every_order_equals_numpy(dtype):
+    eq, sizes = TTMC
+    subs, out = split(eq)
+    ops = operands(eq, sizes, dtype)
+    assert group_strategy(subs, out, [o.shape for o in ops]).startswith("TTM chain")
+    check(eq, ops, contract_group(subs, out, *ops))
+    plans = set(ttm_plans(subs, sizes))
+    assert len(plans) > 24
+    for params in plans:
+        for rows in (0, 1, 2):
+            check(eq, ops, K._run_ttm(subs, out, ops, np.dtype(dtype), params + (rows,)))
+
+
+@pytest.mark.parametrize("eq", ["ijk,ia,kb->bja", "ijk,ai,bj,ck->cab", "ijkl,jb,lc->bick", "ijklm,jb->iklmb",
+                                "kc,iklmb->cilmb", "ld,cilmb->dcimb", "me,dcimb->ibcde"])
+def test_ttm_chain_variants(eq):
+    subs, out = split(eq)
+    sizes = {c: 3 + n for n, c in enumerate(sorted(set(eq) - set(",->")))}
+    ops = operands(eq, sizes, np.complex128)
+    assert group_strategy(subs, out, [o.shape for o in ops]).startswith("TTM chain")
+    check(eq, ops, contract_group(subs, out, *ops))
+
+
+# ---- shapes and memory orders ------------------------------------------------------------------------
+@pytest.mark.parametrize("eq", [MTTKRP["O3-M1"][0], MTTKRP["O5-M2"][0], TTMC[0], "ij,jk->ik", "bij,bjk->bik"])
+@pytest.mark.parametrize("edge", ["ones", "zero", "zero-summed"])
+def test_size_one_and_size_zero_dims(eq, edge):
+    subs, out = split(eq)
+    letters = sorted(set(eq) - set(",->"))
+    sizes = {c: 3 + n % 3 for n, c in enumerate(letters)}
+    if edge == "ones":
+        sizes.update({c: 1 for c in letters[::2]})
+    else:
+        summed = [c for c in letters if c not in out]
+        sizes[summed[0] if edge == "zero-summed" else out[0]] = 0
+    ops = operands(eq, sizes, np.float64)
+    check(eq, ops, contract_group(subs, out, *ops))
+
+
+@pytest.mark.parametrize("eq", [MTTKRP["O3-M0"][0], MTTKRP["O5-M4"][0], TTMC[0], "ij,jk,kl->il"])
+@pytest.mark.parametrize("dtype", [np.float32, np.complex128, np.int64])
+def test_non_contiguous_inputs(eq, dtype):
+    subs, out = split(eq)
+    sizes = {c: 3 + n % 3 for n, c in enumerate(sorted(set(eq) - set(",->")))}
+    big = operands(eq, {c: 2 * n for c, n in sizes.items()}, dtype)
+    views = [b[tuple(slice(None, None, 2) for _ in b.shape)] for b in big]          # strided slices
+    check(eq, views, contract_group(subs, out, *views))
+    fortran = [np.asfortranarray(v) for v in views]                                   # permuted C order
+    check(eq, fortran, contract_group(subs, out, *fortran))
+    flipped = [v[..., ::-1] for v in views]                                           # negative strides
+    check(eq, flipped, contract_group(subs, out, *flipped))
+
+
+def test_mixed_dtypes_promote():
+    eq = MTTKRP["O3-M2"][0]
+    subs, out = split(eq)
+    ops = operands(eq, MTTKRP["O3-M2"][1], np.float32)
+    ops[1] = ops[1].astype(np.complex128)
+    check(eq, ops, contract_group(subs, out, *ops))
+
+
+# ---- random einsums -------------------------------------------------------------------------------------
+@st.composite
+def einsums(draw):
+    pool = "abcdefg"[: draw(st.integers(2, 7))]
+    sizes = {c: draw(st.integers(0 if draw(st.booleans()) and c == "a" else 1, 4)) for c in pool}
+    nops = draw(st.integers(1, 4))
+    terms = ["".join(draw(st.lists(st.sampled_from(pool), min_size=0, max_size=4))) for _ in range(nops)]
+    used = sorted(set("".join(terms)))
+    out = "".join(draw(st.permutations([c for c in used if draw(st.booleans())])))
+    return ",".join(terms) + "->" + out, sizes
+
+
+@st.composite
+def structured(draw):
+    """MTTKRP and TTM chains of random order, mode, orientation, sizes and output order."""
+    order = draw(st.integers(3, 5))
+    modes = "ijklm"[:order]
+    sizes = {c: draw(st.integers(1, 5)) for c in modes + "rbcdefg"}
+    if draw(st.booleans()):
+        free = [c for c in modes if draw(st.booleans())][: order - 2] or [modes[0]]
+        factors = [c + "r" if draw(st.booleans()) else "r" + c for c in modes if c not in free]
+        out = "".join(draw(st.permutations(free + ["r"])))
+        if draw(st.booleans()):                                  # X already holds r
+            at = draw(st.integers(0, order))
+            modes = modes[:at] + "r" + modes[at:]
+    else:
+        kept = [c for c in modes if draw(st.booleans())][: order - 2]
+        news = iter("bcdefg")
+        factors, out = [], list(kept)
+        for c in modes:
+            if c not in kept:
+                w = next(news)
+                factors.append(c + w if draw(st.booleans()) else w + c)
+                out.append(w)
+        out = "".join(draw(st.permutations(out)))
+    return modes + "," + ",".join(draw(st.permutations(factors))) + "->" + out, sizes
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(einsums(), structured()), st.sampled_from(DTYPES))
+def test_random_einsums_equal_numpy(case, dtype):
+    eq, sizes = case
+    subs, out = split(eq)
+    ops = operands(eq, sizes, dtype)
+    check(eq, ops, contract_group(subs, out, *ops))
+
+
+# ---- strategy choice and memory ---------------------------------------------------------------------------
+def test_strategy_names_suite():
+    shapes = lambda eq, sz: [[sz[c] for c in t] for t in split(eq)[0]]
+    eq, sz = MTTKRP["O5-M2"]
+    assert group_strategy(split(eq)[0], "ka", shapes(eq, sz)).startswith("MTTKRP to (k): GEMM over (")
+    assert group_strategy(*split(TTMC[0]), shapes(*TTMC)).startswith("TTM chain: ")
+    assert group_strategy(("ij", "jk", "kl"), "il", [(2, 3), (3, 4), (4, 5)]) == "pairwise: ij,jk,kl->il"
+    assert group_strategy(("ij", "jk"), "ik", [(2, 0), (0, 4)]) == "zeros (an empty block)"
+
+
+def peak_ratio(eq, sizes, seed=0):
+    """Peak traced bytes during contract_group over (inputs + output) bytes."""
+    subs, out = split(eq)
+    ops = operands(eq, sizes, np.float64, seed)
+    contract_group(subs, out, *ops)                # strategy cached, BLAS warm
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        res = contract_group(subs, out, *ops)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    data = sum(o.nbytes for o in ops) + res.nbytes
+    return (peak + sum(o.nbytes for o in ops)) / data, res
+
+
+@pytest.mark.parametrize("eq,sizes", [
+    (MTTKRP["O3-M1"][0], dict(i=64, j=48, k=80, a=16)),
+    ("ijklm,ia,ja,la,ma->ka", dict(i=12, j=10, k=14, l=10, m=12, a=12)),
+    ("ijk,ja,ka->ia", dict(i=64, j=64, k=64, a=400)),              # large rank: blocked rank columns
+    (TTMC[0], dict(i=16, j=14, k=16, l=12, m=14, b=4, c=5, d=4, e=3)),
+    (TTMC[0], dict(i=8, j=24, k=24, l=24, m=24, b=8, c=8, d=8, e=8)),   # run in slabs of i
+])
+def test_peak_memory_within_1_5x_of_inputs_and_output(eq, sizes):
+    subs, out = split(eq)
+    ratio, _ = peak_ratio(eq, sizes)
+    assert ratio <= 1.5, (group_strategy(subs, out, [[sizes[c] for c in t] for t in subs]), ratio)
+
+
+def test_large_ttm_chain_runs_in_slabs():
+    eq, sizes = TTMC[0], dict(i=8, j=24, k=24, l=24, m=24, b=8, c=8, d=8, e=8)
+    subs, out = split(eq)
+    assert group_strategy(subs, out, [[sizes[c] for c in t] for t in subs]).endswith("; in slabs of 3 i")
+
+
+def test_large_rank_is_blocked():
+    eq, sizes = "ijk,ja,ka->ia", dict(i=64, j=64, k=64, a=400)
+    subs, out = split(eq)
+    assert "rank columns in blocks of" in group_strategy(subs, out, [[sizes[c] for c in t] for t in subs])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_copies(dtype):
+    (a,) = operands("abcd->abcd", dict(a=9, b=10, c=11, d=70), dtype)
+    for perm in [(3, 1, 2, 0), (0, 1, 3, 2), (1, 0, 2, 3), (0, 1, 2, 3)]:
+        t = K.transposed(a, perm)
+        assert t.flags.c_contiguous
+        np.testing.assert_array_equal(t, a.transpose(perm))
