@@ -360,10 +360,12 @@ class _State:
     items: tuple                         # ("move", Move) | ("compute", GroupPlan)
 
     def key(self) -> tuple:
+        """Least busiest-rank volume, then total volume, idle ranks, fewer groups (one local kernel, no
+        intermediates), then the grids (deterministic)."""
         total = self.received + self.pending
-        idle = sum(item.grid.idle for kind, item in self.items if kind == "compute")
-        return (int(total.max(initial=0)), int(total.sum()), idle,
-                tuple(item.grid.dims for kind, item in self.items if kind == "compute"))
+        grids = [item.grid for kind, item in self.items if kind == "compute"]
+        return (int(total.max(initial=0)), int(total.sum()), sum(g.idle for g in grids), len(grids),
+                tuple(g.dims for g in grids))
 
 
 class _Planner:

@@ -2,7 +2,7 @@
 
 In each launch every rank builds the same global operands (same seed), then per kernel:
 CTF ``ctf.einsum`` on tensors made before timing, the compiled deinsum program
-(``inputs="local"``: each rank passes its block; ``output="distributed"``), the
+(``inputs="local"``: each rank passes its block; ``result="distributed"``), the
 local kernel alone (``contract_group`` of the whole statement on a 1/P slab: the
 first output index split evenly, factors whole), and at P = 1 ``opt_einsum.contract``.
 Calls are interleaved (the order rotates per repetition), each between barriers,
@@ -118,12 +118,12 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
     def close(got, want):
         return bool(np.allclose(got, want, rtol=1e-9, atol=1e-9 * float(np.abs(ref).max())))
 
-    # deinsum: the compiled program, each rank holding its block of the even entry layout
+    # deinsum: the compiled program, each rank holding its block of the planner's entry layout
     prog = deinsum.compile(eq, *shapes)
-    plan = prog.plan(nprocs=size, inputs="local", output="distributed")
+    plan = prog.plan(nprocs=size, inputs="local", result="distributed")
     blocks = [np.ascontiguousarray(op[layout.block(rank)]) if layout.block(rank) is not None
-              else np.zeros(layout.local_shape(rank)) for op, layout in zip(ops, plan.entry)]
-    res = prog(*blocks, comm=comm, inputs="local", output="distributed")
+              else None for op, layout in zip(ops, plan.entry)]
+    res = prog(*blocks, comm=comm, inputs="local", result="distributed")
     ok = res.local is None or res.block is None or close(res.local, ref[res.block])
     errors["deinsum"] = not comm.allreduce(ok, op=_land())
 
@@ -141,7 +141,7 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
                                        [tuple(hi - lo for lo, hi in zip(*_box(g, s, sizes, rank)))
                                         for _, s in g.reads]) for g in plan.groups]
 
-    calls = {"deinsum": lambda: prog(*blocks, comm=comm, inputs="local", output="distributed"),
+    calls = {"deinsum": lambda: prog(*blocks, comm=comm, inputs="local", result="distributed"),
              "local": lambda: contract_group(subs, out, *slab)}
     if ctf is not None:
         tensors = [ctf.astensor(op) for op in ops]           # rank 0 writes every element: before timing
@@ -301,7 +301,7 @@ def main(argv=None) -> int:
         "OpenBLAS: CTF's Debian OpenBLAS 0.3.21 would otherwise run its generic Prescott kernels on this VM)",
         f"- CTF: {first['ctf'] or first['ctf_skipped']}",
         f"- median of {args.repeat} interleaved calls per side [min, max], each between barriers; "
-        f"inputs already distributed (deinsum inputs='local', output='distributed'; CTF tensors made before timing)",
+        f"inputs already distributed (deinsum inputs='local', result='distributed'; CTF tensors made before timing)",
         "- local kernel: contract_group of the whole statement on this rank's 1/P slab (first output index split "
         "evenly, other operands whole); its GFLOP/s count opt_einsum's optimal-path FLOPs",
         "- dgemm (numpy 2048^3, 1 thread, same launch, before/after): " + "; ".join(
