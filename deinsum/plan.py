@@ -20,6 +20,7 @@ from typing import Mapping
 
 import numpy as np
 
+from .codegen.memory import available_memory
 from .decompose import Decomposition, Step
 from .errors import DeinsumError
 from .grids import GridChoice, candidate_grids, estimate_words, tile_distance
@@ -256,25 +257,13 @@ def _ratio(ours: float, bound: float) -> str:
 
 
 def default_memory(nprocs: int, itemsize: int) -> int:
-    """Words of memory a rank really has here: available memory over the ranks sharing this node.
-
-    Ranks per node at plan time: ``min(nprocs, cpu count)``. Reads ``MemAvailable`` (Linux),
-    else physical pages.
+    """Words of memory a rank really has here: :func:`available_memory` over the ranks sharing this node,
+    ``min(nprocs, cpu count)`` at plan time.
 
     >>> default_memory(1, 8) > 0
     True
     """
-    available = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    if available is None:
-        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return max(1, available // max(1, min(nprocs, os.cpu_count() or 1)) // itemsize)
+    return max(1, available_memory() // max(1, min(nprocs, os.cpu_count() or 1)) // itemsize)
 
 
 def _holds_blocks(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray | None = None) -> bool:

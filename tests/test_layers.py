@@ -16,7 +16,7 @@ PACKAGE = Path(deinsum.__file__).parent
 #: Lowest first. A name covers that module or package and everything below it ("deinsum" is the
 #: package's own __init__ only).
 LAYERS = [
-    ["deinsum.errors", "deinsum.version"],
+    ["deinsum.errors", "deinsum.version", "deinsum.codegen.memory"],   # leaves: nothing of deinsum
     ["deinsum.decompose"],                   # front end: grammar, binary steps
     ["deinsum.soap"],                        # bounds
     ["deinsum.layout"],                      # layouts and block arithmetic

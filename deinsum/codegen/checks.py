@@ -22,6 +22,8 @@ import tempfile
 import numpy as np
 from mpi4py import MPI
 
+from .memory import available_memory
+
 
 def _ranks(ranks):
     """``[0, 2, 3, 4]`` -> ``'ranks 0, 2-4'``."""
@@ -232,22 +234,9 @@ def matches(result, want, dtype):
 
 
 def memory_available(ranks_on_node):
-    """Bytes one of ``ranks_on_node`` ranks may use: ``MemAvailable`` of ``/proc/meminfo`` (else the
-    physical memory) divided among them. The same reading as ``deinsum.plan.default_memory``, which
-    the library uses (in words, at plan time); an emitted script cannot import it, and divides by the
-    ranks really sharing its node (:func:`ranks_on_node`).
-    """
-    available = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    if available is None:
-        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return available // max(1, ranks_on_node)
+    """Bytes one of ``ranks_on_node`` ranks may use: :func:`available_memory` divided among them (the
+    library's ``deinsum.plan.default_memory`` divides the same reading by the ranks it plans for)."""
+    return available_memory() // max(1, ranks_on_node)
 
 
 def ranks_on_node(comm):

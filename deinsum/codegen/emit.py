@@ -23,7 +23,7 @@ from ..schedule import Move
 from ..version import __version__
 
 #: The runtime modules an emitted script carries, in dependency order.
-RUNTIME = ("kernels.py", "exchange.py", "checks.py", "runtime.py", "driver.py")
+RUNTIME = ("kernels.py", "exchange.py", "memory.py", "checks.py", "runtime.py", "driver.py")
 BEGIN = "# " + "=" * 30 + " BEGIN deinsum runtime " + "=" * 30
 END = "# " + "=" * 30 + " END deinsum runtime " + "=" * 32
 _NAME = re.compile(r"^(in\d+|t\d+|out)$")
