@@ -44,12 +44,12 @@ BEAM_WIDTH = 6
 SEARCH_RANKS = 256
 
 
-_MODE_LAYOUTS = {"global": Layout.replicated, "all": Layout.replicated, "root": Layout.on_root,
-                 "local": Layout.even, "distributed": Layout.even}
+_MODE_LAYOUTS = {"global": Layout.replicated, "all": Layout.replicated, "root": Layout.on_root}
 
 
 def mode_layout(mode: str, shape: tuple[int, ...], nprocs: int) -> Layout:
-    """The layout of an input or output mode: on every rank, on rank 0, or evenly block-distributed.
+    """The fixed layout of a start or end mode: on every rank or on rank 0 (the planner places
+    ``local`` inputs and ``distributed`` results itself).
 
     >>> mode_layout("root", (3, 4), 2) == Layout.on_root((3, 4), 2)
     True

@@ -130,13 +130,6 @@ class Analysis:
     def layout(self) -> str:
         return LAYOUT
 
-    @property
-    def lower_bound(self) -> float | None:
-        """Words per rank that every schedule of the decomposition receives at least on P ranks
-        (the smallest candidate's parallel bound; None without sizes and P)."""
-        bounds = [c.parallel_Q for c in self.candidates]
-        return None if not bounds or None in bounds else min(bounds)
-
     def __str__(self) -> str:
         from .report import text
         return text(self)
