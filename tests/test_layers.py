@@ -25,6 +25,7 @@ LAYERS = [
     ["deinsum.schedule"],                    # typed schedule entries
     ["deinsum.plan"],                        # the one immutable Plan
     ["deinsum.codegen", "deinsum.footprint"],  # the runtime modules, the emitter, the plan's peak memory
+    ["deinsum.darray"],                      # distributed arrays (layouts + the exchange)
     ["deinsum.program"],                     # the compiled program
     ["deinsum", "deinsum.cli"],              # the API and the command line
 ]
