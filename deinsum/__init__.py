@@ -11,6 +11,7 @@ from .darray import DistributedArray
 from .decompose import Decomposition, Step, decompose
 from .errors import DeinsumError
 from .layout import Layout
+from .sequence import SequencePlan, plan_sequence
 
 from .version import __version__
 
@@ -64,5 +65,5 @@ def einsum(equation: str, *arrays, comm=None, result=None, **options):
         return prog(*arrays, comm=comm, result=result)
 
 
-__all__ = ["DeinsumError", "Decomposition", "DistributedArray", "Layout", "Step", "compile", "decompose", "einsum",
-           "__version__"]
+__all__ = ["DeinsumError", "Decomposition", "DistributedArray", "Layout", "SequencePlan", "Step", "compile", "decompose", "einsum",
+           "plan_sequence", "__version__"]
