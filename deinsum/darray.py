@@ -109,7 +109,7 @@ class DistributedArray:
             if want is None and (got is None or math.prod(got) == 0):
                 return lay, None
             if got != want:
-                raise DeinsumError(f"rank {comm.rank}: block of shape {got}, layout {lay.spec()} gives it {want}")
+                raise DeinsumError(f"block of shape {got}, layout {lay.spec()} gives this rank {want}")
             return lay, np.asarray(block)
 
         lay, local = collectively(comm, check, error=DeinsumError)

@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .decompose import decompose
 from .errors import DeinsumError
 from .layout import Layout
 from .plan import Plan, pin_layout
@@ -84,12 +85,9 @@ class SequencePlan:
         return tuple(p.bound.chosen_words for p in self.plans)
 
     def moved(self, name: str) -> bool:
-        """Whether any step moves tensor ``name`` (an input read away from its home or a result leaving it)."""
-        for step, plan in zip(self.steps, self.plans):
-            names = {f"in{n}": t for n, t in enumerate(step.inputs)} | {"out": step.output}
-            if any(names.get(m.tensor) == name for m in plan.moves if m.tensor in names and m.tensor != "out"):
-                return True
-        return False
+        """Whether any step moves tensor ``name`` (bytes received for reading it away from its home)."""
+        return any(int(m.words_received.sum()) and m.tensor.startswith("in") and step.inputs[int(m.tensor[2:])] == name
+                   for step, plan in zip(self.steps, self.plans) for m in plan.moves)
 
     @cached_property
     def programs(self) -> tuple[Program, ...]:
@@ -132,7 +130,8 @@ class SequencePlan:
                  f"bytes the busiest rank receives per step, next to the step's lower bounds", line(head)]
         lines += [line(r) for r in rows]
         lines.append("homes (between steps): " + "; ".join(f"{n} {lay.spec()}" for n, lay in self.homes))
-        lines.append("never moved: " + (", ".join(n for n, _ in self.homes if not self.moved(n)) or "none"))
+        read = dict.fromkeys(t for s in self.steps for t in s.inputs)
+        lines.append("read where they live (never moved): " + (", ".join(n for n in read if not self.moved(n)) or "none"))
         return "\n".join(lines)
 
 
@@ -157,11 +156,7 @@ def plan_sequence(steps: Sequence, shapes: Mapping[str, Sequence[int]], nprocs: 
     if not seq:
         raise DeinsumError("plan_sequence: no steps")
     dtype = as_dtype(dtype)
-    shapes = {str(k): tuple(int(n) for n in v) for k, v in shapes.items()}
-    for s in seq:
-        for t in s.inputs:
-            if t not in shapes:
-                raise DeinsumError(f"plan_sequence: the shape of {t!r} (read by {s}) is not given")
+    shapes = _derived_shapes(seq, {str(k): tuple(int(n) for n in v) for k, v in shapes.items()})
     pins = {str(k): v for k, v in (layouts or {}).items()}
     for name, spec in pins.items():
         if name not in shapes:
@@ -174,15 +169,18 @@ def plan_sequence(steps: Sequence, shapes: Mapping[str, Sequence[int]], nprocs: 
         return Program(step.equation, tuple(shapes[t] for t in step.inputs), nprocs, dtype, memory, "local",
                        "distributed", layouts=_step_pins(step, homes, pins))
 
+    own = [program(s, {}).plan() for s in seq]     # each step on its own: inputs where it likes
+
     def busiest(plans):
         return sum(int(p.received_bytes().max(initial=0)) for p in plans)
 
     def placed(free_homes):
-        """Every step with the free tensors at ``free_homes`` and the produced ones where the step likes."""
-        return [program(s, free_homes).plan() for s in seq]
+        """Every step with the free tensors at ``free_homes`` and the produced ones where the step likes
+        (its own plan where that already reads them there)."""
+        return [p if all(layout == free_homes[t] for t, layout in zip(s.inputs, p.entry) if t in free_homes)
+                else program(s, free_homes).plan() for s, p in zip(seq, own)]
 
     # candidates for each free tensor: the entry layout each reading step's own plan would give it
-    own = [program(s, {}).plan() for s in seq]
     candidates = {t: [] for t in free}
     for s, p in zip(seq, own):
         for t, layout in zip(s.inputs, p.entry):
@@ -202,9 +200,26 @@ def plan_sequence(steps: Sequence, shapes: Mapping[str, Sequence[int]], nprocs: 
     plans = tuple(program(s, homes).plan() for s in seq)
     resolved = {**homes, **{n: pin_layout(spec, shapes[n], nprocs, n) for n, spec in pins.items()}}
     order = list(dict.fromkeys([t for s in seq for t in s.inputs] + [s.output for s in seq]))
-    out_shapes = {s.output: p.exit.shape for s, p in zip(seq, plans)}
     return SequencePlan(seq, nprocs, tuple((n, resolved[n]) for n in order), plans,
-                        tuple(sorted(pins.items())), tuple(sorted((shapes | out_shapes).items())))
+                        tuple(sorted(pins.items())), tuple(sorted(shapes.items())))
+
+
+def _derived_shapes(seq: tuple[SequenceStep, ...], shapes: dict) -> dict:
+    """``shapes`` with every step's output shape added (from its inputs' shapes), checked where given."""
+    shapes = dict(shapes)
+    for _ in seq:
+        for s in seq:
+            if all(t in shapes for t in s.inputs):
+                d = decompose(s.equation, *(shapes[t] for t in s.inputs))
+                out = tuple(d.sizes[c] for c in d.output)
+                if shapes.setdefault(s.output, out) != out:
+                    raise DeinsumError(f"plan_sequence: {s} makes {s.output!r} of shape {out}, "
+                                       f"given as {shapes[s.output]}")
+    for s in seq:
+        missing = [t for t in s.inputs if t not in shapes]
+        if missing:
+            raise DeinsumError(f"plan_sequence: the shape of {missing[0]!r} (read by {s}) is not given")
+    return shapes
 
 
 def _as_step(item) -> SequenceStep:
