@@ -1,5 +1,7 @@
 """Distributed arrays under real mpiexec (issue 13): bit-exact round trips, bad layouts as one line on every
 rank, programs that take and return them without moving what already fits, the local algebra."""
+from pathlib import Path
+
 import pytest
 
 from mpirun import check_mpi, run_mpi
@@ -143,3 +145,15 @@ print("programs ok", comm.rank)
 def test_programs_take_and_return_distributed_arrays(nprocs, tmp_path):
     out = check_mpi(nprocs, PROGRAMS, tmp_path=tmp_path, timeout=120)
     assert out.count("programs ok") == nprocs
+
+
+def readme_snippet() -> str:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("```python", text.index("## Distributed arrays")) + len("```python")
+    return text[start:text.index("```", start)]
+
+
+@pytest.mark.parametrize("nprocs", [4, pytest.param(1, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
+def test_readme_distributed_array_example_runs(nprocs, tmp_path):
+    out = check_mpi(nprocs, readme_snippet(), tmp_path=tmp_path, timeout=120)
+    assert out.startswith("DistributedArray(40x30x20 float64") and out.count("rank") >= 1
