@@ -24,7 +24,7 @@ import numpy as np
 from .codegen.memory import available_memory
 from .decompose import Decomposition, Step
 from .errors import DeinsumError
-from .grids import GridChoice, candidate_grids, estimate_words, tile_distance
+from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
 from .layout import Layout
 from .redistribute import received_words, sample_ranks
 from .schedule import Compute, Move
@@ -429,7 +429,7 @@ class _Planner:
         if key not in self._grids:
             if indices not in self._grids:
                 dims, note = candidate_grids(self.nprocs, indices, self.sizes)
-                fit = np.round(tile_distance(dims, indices, self.sizes, None), 9)
+                fit = np.round(block_imbalance(dims, indices, self.sizes), 9)
                 self._grids[indices] = dims, note, fit, self.nprocs - dims.prod(axis=1)
             dims, note, fit, idle = self._grids[indices]
             estimate = estimate_words(indices, self.sizes, dims, self.nprocs, reads, out, target)

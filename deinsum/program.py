@@ -25,7 +25,6 @@ from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
 from .errors import DeinsumError
 from .footprint import check_footprint, footprint
-from .layout import Layout
 from .plan import Plan, build_plan, pin_names
 from .schedule import Move
 from .soap import analyze

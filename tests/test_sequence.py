@@ -1,6 +1,5 @@
 """The sequence planner (issue 13), model only: a CP-ALS sweep's MTTKRP traffic against the per-sweep
 construction of ../shared/notes/optimal-plans.md section 1, X placed once and never moved."""
-import numpy as np
 import pytest
 
 import deinsum
