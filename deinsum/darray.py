@@ -64,7 +64,7 @@ def as_layout(spec, shape, nprocs: int, what: str = "array") -> Layout:
 
 class DistributedArray:
     """This rank's ``local`` block (None where it holds nothing) of a global tensor laid out by ``layout``
-    on ``comm``. Build one with :meth:`from_global`, :meth:`scatter`, :meth:`from_blocks` or :meth:`full`;
+    on ``comm``. Build one with :meth:`from_global`, :meth:`scatter`, :meth:`from_blocks` or :meth:`full` (also empty);
     the constructor itself trusts its arguments."""
 
     __slots__ = ("local", "layout", "comm", "dtype")
@@ -124,14 +124,16 @@ class DistributedArray:
 
     @classmethod
     def full(cls, shape, fill, layout="even", dtype=np.float64, comm=None) -> DistributedArray:
-        """A tensor of ``shape`` filled with ``fill`` under ``layout`` (``fill=0`` for zeros)."""
+        """A tensor of ``shape`` filled with ``fill`` under ``layout`` (``fill=0`` for zeros; ``fill=None``
+        leaves the blocks uninitialised, like ``numpy.empty``)."""
         comm = _world(comm)
         shape = tuple(int(n) for n in shape)
         lay = collectively(comm, as_layout, layout, shape, comm.size, error=DeinsumError)
         agree(comm, {"shape": shape, "layout": lay, "dtype": np.dtype(dtype).str, "fill": fill},
               error=DeinsumError)
         want = lay.local_shape(comm.rank)
-        return cls(None if want is None else np.full(want, fill, dtype=dtype), lay, comm, dtype)
+        block = None if want is None else np.empty(want, dtype=dtype) if fill is None else np.full(want, fill, dtype)
+        return cls(block, lay, comm, dtype)
 
     def with_local(self, local: np.ndarray | None, shape=None) -> DistributedArray:
         """The same distribution with new blocks (a local computation that keeps block boundaries);

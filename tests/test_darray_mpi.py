@@ -137,6 +137,10 @@ for a in (m, m2):
     assert np.allclose(a.gram(), full.T @ full)
     assert np.isclose(a.norm(), np.linalg.norm(full)) and np.isclose(a.vdot(m), np.vdot(full, full))
 assert np.allclose(m.map_blocks(np.negative).gather(), -full)
+z = DistributedArray.full((5, 3), 2, "even", dtype=np.int32, comm=comm)
+assert z.gather().dtype == np.int32 and np.array_equal(z.gather(), np.full((5, 3), 2))
+e = DistributedArray.full((5, 3), None, "replicated", comm=comm)
+assert e.local.shape == (5, 3) and e.dtype == np.float64
 print("programs ok", comm.rank)
 '''
 
