@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 import deinsum
-from fit_check import report_fits
+from fit_check import report_fits, report_traffic, run_step
 
 LETTERS = "ijklmnopq"
 
@@ -77,21 +77,22 @@ def cp_als_deinsum(sweep: deinsum.SequencePlan, X: deinsum.DistributedArray, fac
     """Distributed CP-ALS: (fits, per iteration the bytes this rank received and whether every call
     matched the model and left X in place)."""
     comm = X.comm
-    A = {name: deinsum.DistributedArray.from_global(f, sweep.layouts[name], comm)
-         for name, f in zip(map(factor_name, range(len(factors))), factors)}
-    grams = {name: a.gram() for name, a in A.items()}
+    tensors = {"X": X} | {name: deinsum.DistributedArray.from_global(f, sweep.layouts[name], comm)
+                          for name, f in zip(map(factor_name, range(len(factors))), factors)}
+    grams = {name: tensors[name].gram() for name in map(factor_name, range(len(factors)))}
     norm_x2 = X.norm() ** 2
     fits, traffic = [], []
     for _ in range(iters):
         received, exact = 0, True
         for step, mttkrp in zip(sweep.steps, sweep.programs):
             others = step.inputs[1:]
-            M = mttkrp(X, *(A[name] for name in others))
-            A[step.output] = M.matmul(np.linalg.pinv(np.prod([grams[name] for name in others], axis=0)))
-            grams[step.output] = A[step.output].gram()
-            received += mttkrp.last_run.bytes_received
-            exact &= mttkrp.last_run.matches_model and all(m.tensor != "in0" for m in mttkrp.last_plan.moves)
-        fits.append(fit_of(norm_x2, M.vdot(A[step.output]), list(grams.values())))
+            pinv = np.linalg.pinv(np.prod([grams[name] for name in others], axis=0))
+            moved, matched = run_step(step, mttkrp, tensors)
+            M = tensors[step.output]
+            tensors[step.output] = M.matmul(pinv)
+            grams[step.output] = tensors[step.output].gram()
+            received, exact = received + moved, exact and matched
+        fits.append(fit_of(norm_x2, M.vdot(tensors[step.output]), list(grams.values())))
         traffic.append((received, exact))
     return fits, traffic
 
@@ -115,13 +116,7 @@ def main(argv=None) -> int:
         reference = cp_als_numpy(X_full, start, args.iters)
         print(f"CP-ALS of a {'x'.join(map(str, shape))} tensor, rank {args.rank}, on {comm.size} rank(s)")
         print(sweep)
-        print("  iter  received bytes per rank (max / min)  every call == model, X in place")
-        for k in range(args.iters):
-            counts = [t[k][0] for t in per_rank]
-            exact = all(t[k][1] for t in per_rank)
-            print(f"  {k + 1:>4}  {max(counts):>12,} / {min(counts):<12,}           {exact}")
-            status |= not exact
-        status |= report_fits(fits, reference)
+        status = report_traffic(per_rank) | report_fits(fits, reference)
     return comm.bcast(status, root=0)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import deinsum
-from fit_check import report_fits
+from fit_check import report_fits, report_traffic, run_step
 
 TENSOR, CORE, GRAM = "ijklm", "abcde", "z"
 
@@ -102,10 +102,8 @@ def hooi_deinsum(sweep: deinsum.SequencePlan, X: deinsum.DistributedArray, start
     for _ in range(iters):
         received, exact = 0, True
         for step, program in zip(sweep.steps, sweep.programs):
-            tensors[step.output] = program(*(tensors[name] for name in step.inputs))
-            received += program.last_run.bytes_received
-            exact &= program.last_run.matches_model and all(m.tensor != "in0" or step.inputs[0] != "X"
-                                                            for m in program.last_plan.moves)
+            moved, matched = run_step(step, program, tensors)
+            received, exact = received + moved, exact and matched
             if step.output.startswith("G"):       # the new factor: leading eigenvectors of the Gram matrix
                 n = int(step.output[1:])
                 gram = tensors[step.output].gather()
@@ -137,13 +135,7 @@ def main(argv=None) -> int:
         reference = hooi_numpy(X_full, start, args.iters)
         print(f"HOOI of a {'x'.join(map(str, shape))} tensor, ranks {ranks}, on {comm.size} rank(s)")
         print(sweep)
-        print("  iter  received bytes per rank (max / min)  every call == model, X in place")
-        for k in range(args.iters):
-            counts = [t[k][0] for t in per_rank]
-            exact = all(t[k][1] for t in per_rank)
-            print(f"  {k + 1:>4}  {max(counts):>12,} / {min(counts):<12,}           {exact}")
-            status |= not exact
-        status |= report_fits(fits, reference)
+        status = report_traffic(per_rank) | report_fits(fits, reference)
     return comm.bcast(status, root=0)
 
 
