@@ -15,7 +15,7 @@ from .version import __version__
 
 def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memory: int | None = None,
             inputs: str = "global", result: str = "all", threads: str | None = "auto", layouts: dict | None = None,
-            casting: str = "safe"):
+            casting: str = "safe", device: str = "cpu"):
     """Compile ``equation`` into a :class:`~deinsum.program.Program`.
 
     With ``shapes`` it plans concretely; without, it is parametric and plans (and
@@ -35,11 +35,14 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
     and ``casting`` follow ``numpy.einsum``: inputs are cast to ``dtype`` (default:
     their result type) only where numpy's ``casting`` rule allows it. A run refuses
     a plan whose peak footprint per rank exceeds ``memory`` elements (default: the
-    memory the rank has).
+    memory the rank has). ``device='gpu'`` runs each rank's local contractions on a GPU
+    with CuPy (the node's GPUs shared by its ranks; MPI staged through host memory);
+    a call with CuPy arrays gets a CuPy result (inputs resident on the GPU), with
+    numpy arrays a numpy result (copies to and from the GPU timed in ``last_run``).
     """
     from .program import Program
     return Program(equation, tuple(shapes) if shapes else None, nprocs, dtype, memory, inputs, result, threads,
-                   layouts, casting)
+                   layouts, casting, device)
 
 
 def einsum(equation: str, *arrays, comm=None, **options):
