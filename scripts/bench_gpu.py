@@ -80,6 +80,20 @@ def gemm_rate(cp, m, k, n, dtype, repeat):
     return 2.0 * m * k * n / seconds
 
 
+def bandwidths(cp, repeat, nbytes=2**30):
+    """Copy rates of ``nbytes``: device to device (read + written), host to device and back from pageable
+    (fresh numpy) and from page-locked memory."""
+    import cupyx
+    x = cp.random.default_rng(3).random(nbytes // 8)
+    pageable, pinned = cp.asnumpy(x), cupyx.empty_pinned(x.shape, x.dtype)
+    rates = {"device to device (read + write)": 2 * nbytes / timed(cp, lambda: x.copy(), repeat)[0],
+             "host to device, pageable": nbytes / timed(cp, lambda: cp.asarray(pageable), repeat)[0],
+             "host to device, pinned": nbytes / timed(cp, lambda: cp.asarray(pinned), repeat)[0],
+             "device to host, new pageable array": nbytes / timed(cp, lambda: cp.asnumpy(x), repeat)[0],
+             "device to host, pinned": nbytes / timed(cp, lambda: x.get(out=pinned), repeat)[0]}
+    print("copies of 1 GiB: " + "; ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in rates.items()))
+
+
 def device_inputs(cp, shapes, dtype, seed=0):
     rng = cp.random.default_rng(seed)
     return [rng.random(s, dtype=dtype) for s in shapes]
@@ -92,11 +106,12 @@ def bench(args, cp):
     name = name.decode() if isinstance(name, bytes) else name
     print(f"# GPU benchmark, P = 1: {name}, CuPy {cp.__version__}, {dtype.name}, median of {args.repeat} "
           f"calls after a warm-up\n")
-    print(f"square cuBLAS GEMM n = {args.gemm_n}: {peak / 1e12:.2f} TFLOP/s\n")
-    print("| kernel | sizes | largest operand GiB | local kernel | compute ms | cupy.einsum ms | compute / einsum "
-          "| TFLOP/s | % of square GEMM | % of same-shape GEMM | resident total ms | host-mode total ms "
-          "(h2d + compute + d2h) | H2D GB/s |")
-    print("|---" * 13 + "|")
+    print(f"square cuBLAS GEMM n = {args.gemm_n}: {peak / 1e12:.2f} TFLOP/s")
+    bandwidths(cp, args.repeat)
+    print("\n| kernel | sizes | largest operand GiB | local kernel | compute ms | cupy.einsum ms | compute / einsum "
+          "| TFLOP/s | % of square GEMM | % of same-shape GEMM | largest operand read GB/s | resident total ms "
+          "| host-mode total ms (h2d + compute + d2h) | H2D GB/s |")
+    print("|---" * 14 + "|")
     for kernel in args.kernels:
         eq = KERNELS[kernel][0]
         sizes = gpu_sizes(kernel, args.gib, dtype.itemsize, args.mm_n, args.rank)
@@ -145,7 +160,7 @@ def bench(args, cp):
         print(f"| {kernel} | {','.join(f'{c}={n}' for c, n in sizes.items())} | {max(a.nbytes for a in host) / 2**30:.1f} "
               f"| {strategy} | {1e3 * compute:.2f} | {1e3 * refs[best]:.2f} (optimize={best}) "
               f"| {compute / refs[best]:.2f} | {flops / compute / 1e12:.2f} | {100 * flops / compute / peak:.0f}% "
-              f"| {same or '-'} | {1e3 * total:.2f} | {1e3 * host_total:.1f} ({1e3 * h2d:.1f} + {1e3 * hc:.1f} + "
+              f"| {same or '-'} | {max(a.nbytes for a in host) / compute / 1e9:.0f} | {1e3 * total:.2f} | {1e3 * host_total:.1f} ({1e3 * h2d:.1f} + {1e3 * hc:.1f} + "
               f"{1e3 * d2h:.1f}) | {in_bytes / h2d / 1e9:.1f} |", flush=True)
         prog.close()
         inputs = host = out = None

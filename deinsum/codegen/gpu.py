@@ -77,6 +77,8 @@ class Device:
 
     def __init__(self, local_rank, error=RuntimeError):
         self.cp = load_cupy(error)
+        import cupyx
+        self.cupyx = cupyx
         self.id = local_rank % self.cp.cuda.runtime.getDeviceCount()
         self.cp.cuda.Device(self.id).use()
         name = self.cp.cuda.runtime.getDeviceProperties(self.id)["name"]
@@ -100,11 +102,15 @@ class Device:
         return blocks
 
     def download(self, x, clock):
-        """``x`` as a host array (None stays None); a copy is timed as ``device_to_host``."""
+        """``x`` as a host array (None stays None) in page-locked memory from CuPy's pinned pool (a DMA
+        copy, several times faster than into fresh pageable memory); timed as ``device_to_host``."""
         if not is_device_array(x):
             return x
         with clock("device_to_host"):
-            return self.cp.asnumpy(x)
+            x = self.cp.ascontiguousarray(x)
+            host = self.cupyx.empty_pinned(x.shape, x.dtype)
+            x.get(out=host)
+            return host
 
     def place(self, x, on_device, clock):
         """``x`` on the device (``on_device``) or on the host, copied (and timed) only where needed."""

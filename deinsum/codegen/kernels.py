@@ -440,10 +440,11 @@ def _ttm_strategy(subs, out, sizes):
 
 
 def _run_ttm(subs, out, blocks, dtype, params):
-    """The chain on X, or slab by slab of X's first axis (kept) so intermediates stay in cache."""
+    """The chain on X, or slab by slab of X's first axis (kept) so intermediates stay in cache (CPU only:
+    a GPU runs the whole chain, its small slab GEMMs would cost more in launches than they save)."""
     x, order, kinds, rows = params
     xb = blocks[x]
-    if not rows:
+    if not rows or array_module(xb) is not np:
         t, labels = _ttm_chain(xb, list(subs[x]), subs, blocks, order, kinds)
         return t.transpose([labels.index(c) for c in out])   # a view: the consumer reads it as it lies
     res = None
