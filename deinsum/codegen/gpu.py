@@ -107,7 +107,7 @@ class Device:
         if not is_device_array(x):
             return x
         with clock("device_to_host"):
-            x = self.cp.ascontiguousarray(x)
+            x = x if x.flags.c_contiguous else x.copy(order="C")   # (ascontiguousarray makes 0-d 1-d)
             host = self.cupyx.empty_pinned(x.shape, x.dtype)
             x.get(out=host)
             return host
