@@ -265,6 +265,8 @@ class Program:
             if comm.py2f() not in self._devices:
                 self._devices[comm.py2f()] = open_device(comm, DeinsumError)
             device = self._devices[comm.py2f()]
+            collectively(comm, device.check_memory, int(footprint(plan)[comm.rank]), DeinsumError,
+                         error=DeinsumError)   # a GPU out of memory on one rank must not leave others waiting
         key = (plan, comm.py2f())
         if key not in self._runtimes:
             self._runtimes[key] = runtime_for(plan, comm, device)

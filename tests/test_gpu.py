@@ -10,7 +10,7 @@ import pytest
 import deinsum
 from deinsum import DeinsumError
 from deinsum.cli import main
-from deinsum.codegen.gpu import load_cupy
+from deinsum.codegen.gpu import Device, cuda_aware, load_cupy
 from mpirun import check_mpi
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
@@ -50,6 +50,21 @@ def test_cli_run_on_gpu_without_a_gpu_exits_2_with_one_line(capfd):
     assert rc == 2
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: device='gpu'"), err
+
+
+def test_the_mpich_wheel_is_not_cuda_aware():
+    from mpi4py import MPI
+    if "pypi.org/p/mpich" not in MPI.Get_library_version():
+        pytest.skip("another MPI library: its CUDA support is its own")
+    assert cuda_aware() is False    # asked through MPIX_Query_cuda_support, which the wheel's MPICH has
+
+
+@needs_gpu
+def test_a_plan_beyond_the_gpu_memory_is_refused_before_work():
+    device = Device(0)
+    device.check_memory(1)
+    with pytest.raises(RuntimeError, match="the plan needs up to 1,000,000,000,000,000 bytes per rank, GPU 0 has"):
+        device.check_memory(10**15)
 
 
 def _operands(shapes, dtype, seed=0):

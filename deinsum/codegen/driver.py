@@ -13,7 +13,8 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from .checks import agree, check_memory, check_output_path, load_npy, matches, memory_available, ranks_on_node
+from .checks import agree, check_memory, check_output_path, collectively, load_npy, matches, memory_available
+from .checks import ranks_on_node
 from .checks import save_atomically, validation_operands
 from .gpu import open_device
 from .kernels import reference_einsum
@@ -107,7 +108,8 @@ def script_main(ns, argv=None):
     if args.device == "gpu":
         try:
             device = open_device(comm, ProgramError)
-        except ProgramError as exc:   # raised on every rank alike (open_device agrees first)
+            collectively(comm, device.check_memory, ns["FOOTPRINT"][comm.rank], ProgramError, error=ProgramError)
+        except ProgramError as exc:   # raised on every rank alike (both agree first)
             if comm.rank == 0:
                 print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -72,14 +72,17 @@ def cuda_aware():
 
 
 class Device:
-    """This rank's GPU: the ``cupy`` module, the device id (``local_rank`` modulo the node's GPUs), its
-    name, and whether MPI is CUDA-aware. Raises ``error`` (one line) where no GPU can be used."""
+    """This rank's GPU: the ``cupy`` module, the device id (``local_rank`` of ``local_size`` ranks on the
+    node, modulo the node's GPUs), how many ranks share it, its name, and whether MPI is CUDA-aware.
+    Raises ``error`` (one line) where no GPU can be used."""
 
-    def __init__(self, local_rank, error=RuntimeError):
+    def __init__(self, local_rank, local_size=1, error=RuntimeError):
         self.cp = load_cupy(error)
         import cupyx
         self.cupyx = cupyx
-        self.id = local_rank % self.cp.cuda.runtime.getDeviceCount()
+        count = self.cp.cuda.runtime.getDeviceCount()
+        self.id = local_rank % count
+        self.sharing = len(range(self.id, max(local_size, local_rank + 1), count))
         self.cp.cuda.Device(self.id).use()
         name = self.cp.cuda.runtime.getDeviceProperties(self.id)["name"]
         self.name = name.decode() if isinstance(name, bytes) else str(name)
@@ -87,6 +90,15 @@ class Device:
 
     def __str__(self):
         return f"GPU {self.id} ({self.name}), MPI {'CUDA-aware' if self.cuda_aware else 'not CUDA-aware'}"
+
+    def check_memory(self, need, error=RuntimeError):
+        """Raise ``error`` unless ``need`` bytes fit this rank's share of the GPU's free memory (free plus
+        CuPy's pooled free blocks, split evenly among the ranks sharing the GPU)."""
+        free = self.cp.cuda.runtime.memGetInfo()[0] + self.cp.get_default_memory_pool().free_bytes()
+        share = free // self.sharing
+        if need > share:
+            raise error(f"device='gpu': the plan needs up to {need:,} bytes per rank, GPU {self.id} has "
+                        f"{share:,} free for this rank ({self.sharing} rank(s) share it)")
 
     def synchronize(self):
         """Wait for the work queued on this device (before a clock stops)."""
@@ -121,6 +133,6 @@ def open_device(comm, error=RuntimeError):
     """This rank's :class:`Device` (collective on ``comm``): ranks of a node share its GPUs round-robin.
     Where any rank cannot use a GPU, every rank raises the same one-line ``error``."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local = node.Get_rank()
+    local, size = node.Get_rank(), node.Get_size()
     node.Free()
-    return collectively(comm, Device, local, error, error=error)
+    return collectively(comm, Device, local, size, error, error=error)
