@@ -101,7 +101,8 @@ def transposed(a, perm):
     t = a.transpose(perm)
     if t.flags.c_contiguous:
         return t
-    if (_tblis is not None and isinstance(a, np.ndarray) and a.size >= 1 << 16 and a.dtype.kind in "fc" and a.flags.c_contiguous
+    if (_tblis is not None and isinstance(a, np.ndarray) and a.size >= 1 << 16 and a.dtype.kind in "fc"
+            and a.flags.c_contiguous
             and perm[-1] != a.ndim - 1):
         return _tblis.ascontiguousarray(t)
     return t.copy(order="C")
