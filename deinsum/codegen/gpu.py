@@ -9,8 +9,9 @@ machine without it never needs it. :func:`open_device` gives each rank a
 * uploads the blocks a group reads (timed as ``host_to_device``) and runs the
   group's kernel from ``kernels.py`` on the CuPy arrays (GEMMs through ``@``,
   i.e. cuBLAS), synchronizing before the ``compute`` clock stops;
-* copies a block to host memory before a move (timed as ``device_to_host``):
-  the exchange's subarray datatypes and staging buffer are in host memory.
+* copies a block to host memory before a move (timed as ``device_to_host``,
+  into CuPy's pinned pool): the exchange's subarray datatypes and staging
+  buffer are in host memory.
   ``Device.cuda_aware`` says whether the MPI library would take device buffers
   (asked, never assumed); the exchange stages through host memory either way.
 
