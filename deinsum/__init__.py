@@ -18,7 +18,7 @@ from .version import __version__
 
 def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memory: int | None = None,
             inputs: str = "global", result: str = "all", threads: str | None = "auto", layouts: dict | None = None,
-            casting: str = "safe"):
+            casting: str = "safe", device: str = "cpu"):
     """Compile ``equation`` into a :class:`~deinsum.program.Program`.
 
     With ``shapes`` it plans concretely; without, it is parametric and plans (and
@@ -31,18 +31,22 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
     ``threads='auto'`` pins BLAS threads at the first run so that ranks per node
     x threads = cores (threadpoolctl); ``None`` leaves them alone. ``layouts``
     pins the layout of inputs (``"in0"`` or ``0``, ...) or of a distributed result
-    (``"out"``): a :class:`~deinsum.layout.Layout` or ``"even"``; the plan is built
+    (``"out"``): a :class:`~deinsum.layout.Layout`, ``"even"``, ``"replicated"``, ``"root"`` or
+    text like ``"2x2: 0, 1"`` (see :mod:`deinsum.darray`); the plan is built
     around them. Unpinned ``'local'`` inputs and a ``'distributed'`` result get the
     layouts the planner chooses (see ``Program.input_blocks``). Use the program
     as a context manager (or call ``close()``) to free its MPI objects. ``dtype``
     and ``casting`` follow ``numpy.einsum``: inputs are cast to ``dtype`` (default:
     their result type) only where numpy's ``casting`` rule allows it. A run refuses
     a plan whose peak footprint per rank exceeds ``memory`` elements (default: the
-    memory the rank has).
+    memory the rank has). ``device='gpu'`` runs each rank's local contractions on a GPU
+    with CuPy (the node's GPUs shared by its ranks; MPI staged through host memory);
+    a call with CuPy arrays gets a CuPy result (inputs resident on the GPU), with
+    numpy arrays a numpy result (copies to and from the GPU timed in ``last_run``).
     """
     from .program import Program
     return Program(equation, tuple(shapes) if shapes else None, nprocs, dtype, memory, inputs, result, threads,
-                   layouts, casting)
+                   layouts, casting, device)
 
 
 def einsum(equation: str, *arrays, comm=None, result=None, **options):
@@ -65,5 +69,5 @@ def einsum(equation: str, *arrays, comm=None, result=None, **options):
         return prog(*arrays, comm=comm, result=result)
 
 
-__all__ = ["DeinsumError", "Decomposition", "DistributedArray", "Layout", "SequencePlan", "Step", "compile", "decompose", "einsum",
-           "plan_sequence", "__version__"]
+__all__ = ["DeinsumError", "Decomposition", "DistributedArray", "Layout", "SequencePlan", "Step", "compile",
+           "decompose", "einsum", "plan_sequence", "__version__"]

@@ -4,6 +4,7 @@
     deinsum plan "ijk,ja,ka->ia" --size i=1024,j=1024,k=1024,a=24 -P 64
     deinsum emit "ijk,ja,ka->ia" --size i=64,j=64,k=64,a=8 -P 8 -o prog.py
     deinsum run "ijk,ja,ka->ia" --size i=64,j=64,k=64,a=8 -n 4 --validate
+    deinsum run "ijk,ja,ka->ia" --size i=512,j=512,k=512,a=24 -n 2 --device gpu
 """
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def cmd_run(args) -> int:
     prog = _program(args, args.nprocs)
     with tempfile.TemporaryDirectory() as tmp:
         script = prog.to_script(Path(tmp) / "program.py")
-        cmd = launch_command(args.nprocs, script, "--repeat", str(args.repeat),
+        cmd = launch_command(args.nprocs, script, "--repeat", str(args.repeat), "--device", args.device,
                              *(["--validate"] if args.validate else []))
         try:
             return subprocess.run(cmd, timeout=args.timeout).returncode
@@ -168,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0")
     r.add_argument("--repeat", type=int, default=3, help="runs to time (median [min, max])")
     r.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    r.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="where local contractions run (gpu: CuPy; inputs and result on the host, copies timed)")
     return parser
 
 

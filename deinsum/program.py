@@ -19,6 +19,7 @@ import numpy as np
 
 from .codegen.checks import agree, check_cast, check_output_path, collectively, write_atomically
 from .codegen.emit import generate
+from .codegen.gpu import is_device_array, open_device
 from .codegen.kernels import contract_pair, unary
 from .codegen.runtime import Runtime, pin_blas_threads
 from .darray import DistributedArray
@@ -91,10 +92,11 @@ def execute(decomposition: Decomposition, *operands) -> np.ndarray:
     return np.asarray(tensors["out"], dtype=dtype)
 
 
-def runtime_for(plan: Plan, comm) -> Runtime:
-    """This rank's :class:`~deinsum.codegen.runtime.Runtime` of ``plan`` on ``comm`` (its tables only)."""
+def runtime_for(plan: Plan, comm, device=None) -> Runtime:
+    """This rank's :class:`~deinsum.codegen.runtime.Runtime` of ``plan`` on ``comm`` (its tables only),
+    computing on ``device`` (a :class:`~deinsum.codegen.gpu.Device`) if given."""
     rank = comm.Get_rank()
-    return Runtime(comm, plan.dtype, [(m.phase, m.label, m.table(rank)) for m in plan.moves])
+    return Runtime(comm, plan.dtype, [(m.phase, m.label, m.table(rank)) for m in plan.moves], device)
 
 
 def run_schedule(rt: Runtime, plan: Plan, operands: Sequence) -> np.ndarray | None:
@@ -135,9 +137,11 @@ class Program:
     threads: str | None = "auto"
     layouts: dict | None = None
     casting: str = "safe"
+    device: str = "cpu"
     last_run: RunReport | None = field(default=None, init=False, repr=False)
     last_plan: Plan | None = field(default=None, init=False, repr=False)
     _runtimes: dict = field(default_factory=dict, init=False, repr=False)
+    _devices: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         if self.shapes is not None:
@@ -145,6 +149,8 @@ class Program:
         self.dtype = None if self.dtype is None else as_dtype(self.dtype)
         if self.casting not in ("no", "equiv", "safe", "same_kind", "unsafe"):
             raise DeinsumError(f"casting={self.casting!r}: expected one of no, equiv, safe, same_kind, unsafe")
+        if self.device not in ("cpu", "gpu"):
+            raise DeinsumError(f"device={self.device!r}: expected 'cpu' or 'gpu'")
         if not isinstance(self.equation, str):
             raise DeinsumError(f"the einsum equation must be a string, not {type(self.equation).__name__}")
         # parametric with '...': the decomposition waits for the shapes of a call
@@ -260,12 +266,21 @@ class Program:
         if self.threads == "auto" and not _PINNED:
             pin_blas_threads(comm)
             _PINNED.append(comm.size)
+        device = None
+        if self.device == "gpu":   # opened once per communicator; collective, one error everywhere
+            if comm.py2f() not in self._devices:
+                self._devices[comm.py2f()] = open_device(comm, DeinsumError)
+            device = self._devices[comm.py2f()]
+            collectively(comm, device.check_memory, int(footprint(plan)[comm.rank]), DeinsumError,
+                         error=DeinsumError)   # a GPU out of memory on one rank must not leave others waiting
         key = (plan, comm.py2f())
         if key not in self._runtimes:
-            self._runtimes[key] = runtime_for(plan, comm)
+            self._runtimes[key] = runtime_for(plan, comm, device)
         rt = self._runtimes[key]
         rt.reset()
         out = run_schedule(rt, plan, operands)
+        if device is not None:   # the result ends where this rank's inputs were: GPU or host
+            out = device.place(out, any(is_device_array(b) for b in blocks), rt.clock)
         model = plan.model_bytes()[comm.rank]
         self.last_run = RunReport(comm.rank, dict(rt.clock.seconds), rt.log.bytes_sent, rt.log.bytes_received,
                                   *model)
@@ -305,16 +320,19 @@ class Program:
                 raise DeinsumError("inputs='local' needs the global shapes: compile with shapes")
             if inputs != "root" or rank == 0:
                 # with local inputs a rank that holds nothing of an operand may pass None
-                types = [a.dtype if isinstance(a, DistributedArray) else np.asarray(a).dtype for a in arrays
-                         if not (inputs == "local" and a is None)]
+                for n, a in enumerate(arrays):
+                    if is_device_array(a) and self.device != "gpu":
+                        raise DeinsumError(f"operand {n} is a GPU array: compile with device='gpu'")
+                types = [a.dtype if isinstance(a, DistributedArray) or is_device_array(a) else np.asarray(a).dtype
+                         for a in arrays if not (inputs == "local" and a is None)]
                 if self.dtype is None and not types:
                     raise DeinsumError(f"rank {rank} passes no block to take the dtype from: pass the empty "
                                        f"blocks (see Program.input_blocks) or compile with dtype")
                 dtype = as_dtype(self.dtype if self.dtype is not None else np.result_type(*types))
                 for n, t in enumerate(types):
                     check_cast(t, dtype, self.casting, f"operand {n}", DeinsumError)
-                shapes = (tuple(a.shape if isinstance(a, DistributedArray) else np.shape(a) for a in arrays)
-                          if held else self.shapes if inputs == "local" else tuple(tuple(np.shape(a)) for a in arrays))
+                shapes = (tuple(a.shape for a in arrays) if held else self.shapes if inputs == "local"
+                          else tuple(tuple(a.shape if is_device_array(a) else np.shape(a)) for a in arrays))
                 if inputs != "root":
                     facts.update({"shapes": shapes, "dtype": dtype})
             failure = None
@@ -344,7 +362,8 @@ class Program:
                          plan.result, pins)
         check_footprint(plan)
         holds = plan.inputs in ("global", "local") or rank == 0
-        operands = [np.asarray(a, dtype=plan.dtype) if holds and a is not None else None for a in arrays]
+        operands = [None if not holds or a is None else a.astype(plan.dtype, copy=False) if is_device_array(a)
+                    else np.asarray(a, dtype=plan.dtype) for a in arrays]
         if plan.inputs == "local":
             for n, (a, layout) in enumerate(zip(operands, plan.entry)):
                 want = layout.local_shape(rank)

@@ -13,8 +13,10 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from .checks import agree, check_memory, check_output_path, load_npy, matches, memory_available, ranks_on_node
+from .checks import agree, check_memory, check_output_path, collectively, load_npy, matches, memory_available
+from .checks import ranks_on_node
 from .checks import save_atomically, validation_operands
+from .gpu import open_device
 from .kernels import reference_einsum
 from .runtime import PHASES, Runtime, pin_blas_threads
 
@@ -52,11 +54,12 @@ def summarize(samples):
     return f"{float(np.median(samples)):.6f} [{min(samples):.6f}, {max(samples):.6f}]"
 
 
-def script_runtime(ns, comm):
-    """This rank's :class:`Runtime` for an emitted program (``ns`` = its globals): its own rows of ``MOVES``."""
+def script_runtime(ns, comm, device=None):
+    """This rank's :class:`Runtime` for an emitted program (``ns`` = its globals): its own rows of ``MOVES``,
+    computing on ``device`` (a GPU) if given."""
     rank = comm.Get_rank()
     moves = [(timer, label, [per_rank[rank] for per_rank in steps]) for timer, label, steps in ns["MOVES"]]
-    return Runtime(comm, ns["DTYPE"], moves)
+    return Runtime(comm, ns["DTYPE"], moves, device)
 
 
 def script_main(ns, argv=None):
@@ -72,6 +75,8 @@ def script_main(ns, argv=None):
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument("--memory", type=int, default=None,
                         help="bytes per rank the run may use (default: MemAvailable shared by the node's ranks)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="where local contractions run; gpu: CuPy, inputs and result on the host (copies timed)")
     args = parser.parse_args(argv)
     # every check before any work, agreed by all ranks: one error everywhere, never a hang
     operands, failure = None, None
@@ -99,17 +104,28 @@ def script_main(ns, argv=None):
         return 2
     if operands is None:
         operands = [None] * len(ns["INPUT_SHAPES"])
+    device = None
+    if args.device == "gpu":
+        try:
+            device = open_device(comm, ProgramError)
+            collectively(comm, device.check_memory, ns["FOOTPRINT"][comm.rank], ProgramError, error=ProgramError)
+        except ProgramError as exc:   # raised on every rank alike (both agree first)
+            if comm.rank == 0:
+                print(f"error: {exc}", file=sys.stderr)
+            return 2
     threads = pin_blas_threads(comm)
     runs = []
-    with script_runtime(ns, comm) as rt:
+    with script_runtime(ns, comm, device) as rt:
         for _ in range(args.repeat):
             rt.reset()
             comm.Barrier()
             start = MPI.Wtime()
             result = ns["run"](rt, *operands)
+            if device is not None:
+                result = device.place(result, False, rt.clock)
             comm.Barrier()
             runs.append((MPI.Wtime() - start, rt.clock.seconds, rt.log))
-    report(comm, ns, runs, threads)
+    report(comm, ns, runs, threads, device)
     status, failure = 0, None
     if comm.rank == 0:
         try:
@@ -151,7 +167,7 @@ def exit_with(status):
     os._exit(status)
 
 
-def report(comm, ns, runs, threads):
+def report(comm, ns, runs, threads, device=None):
     """Print median [min, max] seconds per phase and measured bytes per rank (rank 0)."""
     totals = [r[0] for r in runs]
     sent = comm.gather(runs[-1][2].bytes_sent, root=0)
@@ -159,6 +175,8 @@ def report(comm, ns, runs, threads):
     if comm.rank != 0:
         return
     blas = "unpinned (no threadpoolctl)" if threads is None else f"{threads} BLAS thread(s) per rank"
+    if device is not None:
+        blas = f"local compute on {device}"
     print(f"deinsum program {ns['EQUATION']!r}: {ns['NPROCS']} ranks, {blas}, dtype {ns['DTYPE']}, "
           f"{len(runs)} run(s); inputs start {STARTS[ns['INPUTS']]}, result ends {ENDS[ns['RESULT']]} (both timed)")
     print(f"  total        {summarize(totals)} s")

@@ -1,4 +1,5 @@
-"""Local (single-rank) kernels: a fused group's einsum, or one binary/unary step, on numpy blocks.
+"""Local (single-rank) kernels: a fused group's einsum, or one binary/unary step, on numpy blocks
+(or CuPy blocks on a GPU: see ``array_module``).
 
 STANDALONE: this file imports only numpy and the standard library (pytblis
 optionally). Its source is pasted verbatim into emitted scripts, and the
@@ -61,6 +62,19 @@ def _ascii_map(*subscripts):
     return ["".join(table[c] for c in s) for s in subscripts]
 
 
+def array_module(*blocks):
+    """numpy, or the module of the first block that is no numpy array (CuPy for device blocks: the GPU
+    runtime runs these same kernels on them; numpy's einsum and ``@`` dispatch to it).
+
+    >>> array_module(np.ones(2), 3.0).__name__
+    'numpy'
+    """
+    for b in blocks:
+        if b is not None and not isinstance(b, (np.ndarray, np.generic, int, float, complex, list, tuple)):
+            return __import__(type(b).__module__.partition(".")[0])
+    return np
+
+
 def reference_einsum(equation, *operands):
     """``numpy.einsum`` of an explicit equation whose letters numpy may not accept."""
     lhs, out = equation.split("->")
@@ -87,10 +101,11 @@ def transposed(a, perm):
     t = a.transpose(perm)
     if t.flags.c_contiguous:
         return t
-    if (_tblis is not None and a.size >= 1 << 16 and a.dtype.kind in "fc" and a.flags.c_contiguous
+    if (_tblis is not None and isinstance(a, np.ndarray) and a.size >= 1 << 16 and a.dtype.kind in "fc"
+            and a.flags.c_contiguous
             and perm[-1] != a.ndim - 1):
         return _tblis.ascontiguousarray(t)
-    return np.ascontiguousarray(t)
+    return t.copy(order="C")
 
 
 def contract_pair(a, b, sa, sb, out):
@@ -119,7 +134,7 @@ def contract_pair(a, b, sa, sb, out):
         am = _matrix(a, sa, free_a, summed, rows_free=True)
         bm = _matrix(b, sb, free_b, summed, rows_free=False)
         order = free_a + free_b
-        res = np.matmul(am, bm).reshape([a.shape[sa.index(c)] for c in free_a] +
+        res = (am @ bm).reshape([a.shape[sa.index(c)] for c in free_a] +
                                          [b.shape[sb.index(c)] for c in free_b])
     else:
         shape = dict(zip(sa, a.shape))
@@ -132,7 +147,7 @@ def contract_pair(a, b, sa, sb, out):
         am = transposed(a, [sa.index(c) for c in batch + free_a + summed]).reshape(nb, na, nk)
         bm = transposed(b, [sb.index(c) for c in batch + summed + free_b]).reshape(nb, nk, nn)
         order = batch + free_a + free_b
-        res = np.matmul(am, bm).reshape([shape[c] for c in order])
+        res = (am @ bm).reshape([shape[c] for c in order])
     return res.transpose([order.index(c) for c in out])
 
 
@@ -208,8 +223,9 @@ def contract_group(inputs, output, *blocks):
     inputs = tuple(inputs)
     if len(inputs) != len(blocks):
         raise ValueError(f"{len(inputs)} subscripts but {len(blocks)} blocks")
-    dtype = np.result_type(*blocks)
-    blocks = [np.asarray(b, dtype=dtype) for b in blocks]
+    xp = array_module(*blocks)
+    dtype = xp.result_type(*blocks)
+    blocks = [xp.asarray(b, dtype=dtype) for b in blocks]
     # a block stored as a permutation of C order becomes a C-ordered view with permuted subscripts
     subs = []
     for n, (b, s) in enumerate(zip(blocks, inputs)):
@@ -333,24 +349,28 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
     t_axes = list(range(s)) + list(range(e, n)) + [n] if orient == "rows" else \
         list(range(s)) + [n] + list(range(e, n))
     res_axes = sorted(out_axes)                                    # free axes in X's order, then r
-    res = None if block == nr and not rest else np.empty([dims[q] if q < n else nr for q in res_axes], dtype)
+    xp = array_module(xb)
+    res = None if block == nr and not rest else xp.empty([dims[q] if q < n else nr for q in res_axes], dtype)
     for r0 in range(0, nr, block):
         cols = slice(r0, min(nr, r0 + block))
         kr = _khatri_rao([factors[q][:, cols] for q in range(s, e)])
         if orient == "rows":
-            t = xb.reshape(a, k) @ kr if e == n else np.matmul(xb.reshape(a, k, b).transpose(0, 2, 1), kr)
+            t = xb.reshape(a, k) @ kr if e == n else xb.reshape(a, k, b).transpose(0, 2, 1) @ kr
         elif s == 0:
             t = kr.T @ xb.reshape(k, b)
         elif e == n:
             t = (kr.T @ xb.reshape(a, k).T).T
         else:
-            t = np.matmul(kr.T, xb.reshape(a, k, b))
+            t = kr.T @ xb.reshape(a, k, b)
         t = t.reshape([dims[q] if q < n else -1 for q in t_axes])
         if res is None:           # T is the result: a transposed view, no copy
             return t.transpose([t_axes.index(q) for q in out_axes])
         if rest:
             w = _khatri_rao([factors[q][:, cols] for q in rest]).reshape([dims[q] for q in rest] + [-1])
-            np.einsum(t, t_axes, w, rest + [n], res_axes, out=res[..., cols])
+            if xp is np:
+                np.einsum(t, t_axes, w, rest + [n], res_axes, out=res[..., cols])
+            else:   # CuPy's einsum takes no out=
+                res[..., cols] = xp.einsum(t, t_axes, w, rest + [n], res_axes)
         else:
             res[..., cols] = np.einsum(t, t_axes, res_axes)
         del kr, t  # before the next block's Khatri-Rao product
@@ -421,17 +441,18 @@ def _ttm_strategy(subs, out, sizes):
 
 
 def _run_ttm(subs, out, blocks, dtype, params):
-    """The chain on X, or slab by slab of X's first axis (kept) so intermediates stay in cache."""
+    """The chain on X, or slab by slab of X's first axis (kept) so intermediates stay in cache (CPU only:
+    a GPU runs the whole chain, its small slab GEMMs would cost more in launches than they save)."""
     x, order, kinds, rows = params
     xb = blocks[x]
-    if not rows:
+    if not rows or array_module(xb) is not np:
         t, labels = _ttm_chain(xb, list(subs[x]), subs, blocks, order, kinds)
         return t.transpose([labels.index(c) for c in out])   # a view: the consumer reads it as it lies
     res = None
     for r0 in range(0, xb.shape[0], rows):
         t, labels = _ttm_chain(xb[r0:r0 + rows], list(subs[x]), subs, blocks, order, kinds)
         if res is None:
-            res = np.empty((xb.shape[0],) + t.shape[1:], dtype=t.dtype)
+            res = array_module(xb).empty((xb.shape[0],) + t.shape[1:], dtype=t.dtype)
         res[r0:r0 + rows] = t
     return res.transpose([labels.index(c) for c in out])
 
@@ -447,7 +468,7 @@ def _ttm_chain(t, labels, subs, blocks, order, kinds):
             t = (t.reshape(dims[0], -1).T @ u).reshape(dims[1:] + (u.shape[1],))
             labels = labels[1:] + [new]
         elif kind == "middle":
-            t = np.matmul(u.T, t.reshape(_prod(dims[:q]), dims[q], -1))
+            t = u.T @ t.reshape(_prod(dims[:q]), dims[q], -1)
             t = t.reshape(dims[:q] + (u.shape[1],) + dims[q + 1:])
             labels[q] = new
         else:  # moved last
@@ -494,7 +515,7 @@ def _run_pairwise(subs, out, blocks, dtype, params):
 
 
 def _run_zeros(subs, out, blocks, dtype, shape):
-    return np.zeros(shape, dtype=dtype)
+    return array_module(*blocks).zeros(shape, dtype=dtype)
 
 
 def _run_einsum(subs, out, blocks, dtype, params):

@@ -26,7 +26,7 @@ from mpi4py import MPI
 from .exchange import ByteLog, Transfer, element_type
 from .kernels import contract_group, unary
 
-PHASES = ("distribute", "compute", "reduce", "redistribute", "gather")
+PHASES = ("distribute", "compute", "reduce", "redistribute", "gather", "host_to_device", "device_to_host")
 
 
 class Clock:
@@ -86,11 +86,13 @@ class Runtime:
     timed under, its name in the byte log, and this rank's table of each of its
     steps (None for a step whose communicator this rank is not in). ``log`` and
     ``clock`` measure the current call (:meth:`reset` starts a new one).
+    With a ``device`` (a :class:`~deinsum.codegen.gpu.Device`) groups compute on
+    the GPU and moves stage device blocks through host memory.
     """
 
-    def __init__(self, comm, dtype, moves):
+    def __init__(self, comm, dtype, moves, device=None):
         self.comm, self.rank, self.dtype = comm, comm.Get_rank(), np.dtype(dtype)
-        self.moves = moves
+        self.moves, self.device = moves, device
         self.created = {"communicators": 0, "datatypes": 0}
         self._carts, self._subs, self._transfers = {}, {}, {}
         self._element = None
@@ -135,6 +137,8 @@ class Runtime:
         """
         comm = self.world if comm is None else comm
         timer, label, tables = self.moves[move]
+        if self.device is not None:
+            x = self.device.download(x, self.clock)
         with self.clock(timer):
             if comm == MPI.COMM_NULL:
                 if x is not None:
@@ -168,13 +172,23 @@ class Runtime:
     # ---- local compute --------------------------------------------------------------------------
     def contract_group(self, inputs, output, *blocks):
         """A fused group's statement on this rank's blocks (see ``contract_group``), timed as compute."""
+        if self.device is not None:
+            blocks = self.device.upload(blocks, self.clock)
         with self.clock("compute"):
-            return contract_group(inputs, output, *blocks)
+            out = contract_group(inputs, output, *blocks)
+            if self.device is not None:
+                self.device.synchronize()
+        return out
 
     def unary(self, a, sub, out):
         """A unary pre-pass step where the operand is (None stays None)."""
+        if self.device is not None:
+            a, = self.device.upload([a], self.clock)
         with self.clock("compute"):
-            return None if a is None else unary(a, sub, out)
+            out = None if a is None else unary(a, sub, out)
+            if self.device is not None:
+                self.device.synchronize()
+        return out
 
     # ---- lifetime -------------------------------------------------------------------------------
     def close(self):

@@ -1,0 +1,139 @@
+"""Local compute on a GPU with CuPy: blocks live on the device, the same kernels run on them.
+
+STANDALONE: imports only mpi4py and the sibling runtime modules (emitted
+scripts carry this file); CuPy is imported when a device is opened, so a
+machine without it never needs it. :func:`open_device` gives each rank a
+:class:`Device` (the node's GPUs shared round-robin by its ranks). A
+:class:`~deinsum.codegen.runtime.Runtime` built with one
+
+* uploads the blocks a group reads (timed as ``host_to_device``) and runs the
+  group's kernel from ``kernels.py`` on the CuPy arrays (GEMMs through ``@``,
+  i.e. cuBLAS), synchronizing before the ``compute`` clock stops;
+* copies a block to host memory before a move (timed as ``device_to_host``,
+  into CuPy's pinned pool): the exchange's subarray datatypes and staging
+  buffer are in host memory.
+  ``Device.cuda_aware`` says whether the MPI library would take device buffers
+  (asked, never assumed); the exchange stages through host memory either way.
+
+Where the result ends is :meth:`Device.place`'s choice: on the GPU for callers
+whose inputs were already there (CuPy arrays), else on the host.
+"""
+import ctypes
+import os
+
+from mpi4py import MPI
+
+from .checks import collectively
+
+
+def is_device_array(x):
+    """Whether ``x`` is a GPU array (it has ``__cuda_array_interface__``, as CuPy arrays do).
+
+    >>> is_device_array([1.0]), is_device_array(None)
+    (False, False)
+    """
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def load_cupy(error=RuntimeError):
+    """The ``cupy`` module once it sees a CUDA device; else ``error`` with one line saying why."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise error(f"device='gpu' needs CuPy, which cannot be imported here ({exc}); install the CuPy wheel "
+                    f"of this machine's CUDA (e.g. pip install cupy-cuda12x)") from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - CUDARuntimeError and friends: no driver, no device
+        raise error(f"device='gpu': CuPy finds no usable CUDA device ({' '.join(str(exc).split())})") from None
+    if count < 1:
+        raise error("device='gpu': CuPy finds no CUDA device")
+    return cupy
+
+
+def cuda_aware():
+    """Whether the MPI library says it takes CUDA device buffers: mpi4py's ``MPI.Query_cuda_support``
+    where it has one, else ``MPIX_Query_cuda_support`` of the loaded libmpi (MPICH, Open MPI); False
+    where neither answers."""
+    query = getattr(MPI, "Query_cuda_support", None)
+    if query is not None:
+        return bool(query())
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {parts[5] for parts in map(str.split, maps)
+                     if len(parts) > 5 and os.path.basename(parts[5]).startswith("libmpi")}
+    except OSError:
+        return False
+    for path in sorted(paths):
+        function = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support", None)
+        if function is not None:
+            function.restype = ctypes.c_int
+            return bool(function())
+    return False
+
+
+class Device:
+    """This rank's GPU: the ``cupy`` module, the device id (``local_rank`` of ``local_size`` ranks on the
+    node, modulo the node's GPUs), how many ranks share it, its name, and whether MPI is CUDA-aware.
+    Raises ``error`` (one line) where no GPU can be used."""
+
+    def __init__(self, local_rank, local_size=1, error=RuntimeError):
+        self.cp = load_cupy(error)
+        import cupyx
+        self.cupyx = cupyx
+        count = self.cp.cuda.runtime.getDeviceCount()
+        self.id = local_rank % count
+        self.sharing = len(range(self.id, max(local_size, local_rank + 1), count))
+        self.cp.cuda.Device(self.id).use()
+        name = self.cp.cuda.runtime.getDeviceProperties(self.id)["name"]
+        self.name = name.decode() if isinstance(name, bytes) else str(name)
+        self.cuda_aware = cuda_aware()
+
+    def __str__(self):
+        return f"GPU {self.id} ({self.name}), MPI {'CUDA-aware' if self.cuda_aware else 'not CUDA-aware'}"
+
+    def check_memory(self, need, error=RuntimeError):
+        """Raise ``error`` unless ``need`` bytes fit this rank's share of the GPU's free memory (free plus
+        CuPy's pooled free blocks, split evenly among the ranks sharing the GPU)."""
+        free = self.cp.cuda.runtime.memGetInfo()[0] + self.cp.get_default_memory_pool().free_bytes()
+        share = free // self.sharing
+        if need > share:
+            raise error(f"device='gpu': the plan needs up to {need:,} bytes per rank, GPU {self.id} has "
+                        f"{share:,} free for this rank ({self.sharing} rank(s) share it)")
+
+    def synchronize(self):
+        """Wait for the work queued on this device (before a clock stops)."""
+        self.cp.cuda.get_current_stream().synchronize()
+
+    def upload(self, blocks, clock):
+        """``blocks`` as device arrays (None stays None); copies timed as ``host_to_device``."""
+        if all(b is None or is_device_array(b) for b in blocks):
+            return list(blocks)
+        with clock("host_to_device"):
+            blocks = [b if b is None or is_device_array(b) else self.cp.asarray(b) for b in blocks]
+            self.synchronize()
+        return blocks
+
+    def download(self, x, clock):
+        """``x`` as a host array (None stays None) in page-locked memory from CuPy's pinned pool (a DMA
+        copy, several times faster than into fresh pageable memory); timed as ``device_to_host``."""
+        if not is_device_array(x):
+            return x
+        with clock("device_to_host"):
+            x = x if x.flags.c_contiguous else x.copy(order="C")   # (ascontiguousarray makes 0-d 1-d)
+            host = self.cupyx.empty_pinned(x.shape, x.dtype)
+            x.get(out=host)
+            return host
+
+    def place(self, x, on_device, clock):
+        """``x`` on the device (``on_device``) or on the host, copied (and timed) only where needed."""
+        return self.upload([x], clock)[0] if on_device else self.download(x, clock)
+
+
+def open_device(comm, error=RuntimeError):
+    """This rank's :class:`Device` (collective on ``comm``): ranks of a node share its GPUs round-robin.
+    Where any rank cannot use a GPU, every rank raises the same one-line ``error``."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local, size = node.Get_rank(), node.Get_size()
+    node.Free()
+    return collectively(comm, Device, local, size, error, error=error)

@@ -1,0 +1,146 @@
+"""device='gpu' (CuPy): the CPU path's results, bytes == model, both modes (host or resident inputs).
+
+Without CuPy or a CUDA device the GPU tests skip, saying why, and the checks
+that ``device='gpu'`` fails there with one line run instead. The large-size
+acceptance runs are ``scripts/bench_gpu.py --check`` (see bench-results/gpu.md).
+"""
+import numpy as np
+import pytest
+
+import deinsum
+from deinsum import DeinsumError
+from deinsum.cli import main
+from deinsum.codegen.gpu import Device, cuda_aware, load_cupy
+from mpirun import check_mpi
+from random_cases import random_einsums
+from suite import SUITE, shapes_for
+
+
+def _why_no_gpu():
+    try:
+        load_cupy()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+NO_GPU = _why_no_gpu()
+needs_gpu = pytest.mark.skipif(NO_GPU is not None, reason=f"no GPU here: {NO_GPU}")
+without_gpu = pytest.mark.skipif(NO_GPU is None, reason="a GPU is here: device='gpu' runs (tested below)")
+RTOL = {"float64": 1e-10, "float32": 1e-4, "complex128": 1e-10}
+
+
+def test_device_is_cpu_or_gpu():
+    with pytest.raises(DeinsumError, match="device='tpu': expected 'cpu' or 'gpu'"):
+        deinsum.compile("ij,jk->ik", (2, 3), (3, 4), device="tpu")
+
+
+@without_gpu
+def test_gpu_without_a_gpu_is_one_line_error():
+    prog = deinsum.compile("ij,jk->ik", (2, 3), (3, 4), device="gpu")
+    with pytest.raises(DeinsumError, match="device='gpu'") as info:
+        prog(np.ones((2, 3)), np.ones((3, 4)))
+    assert "\n" not in str(info.value) and NO_GPU in str(info.value)
+
+
+@without_gpu
+def test_cli_run_on_gpu_without_a_gpu_exits_2_with_one_line(capfd):
+    rc = main(["run", "ij,jk->ik", "--size", "i=4,j=5,k=6", "-n", "2", "--device", "gpu", "--timeout", "60"])
+    err = capfd.readouterr().err
+    assert rc == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: device='gpu'"), err
+
+
+def test_the_mpich_wheel_is_not_cuda_aware():
+    from mpi4py import MPI
+    if "pypi.org/p/mpich" not in MPI.Get_library_version():
+        pytest.skip("another MPI library: its CUDA support is its own")
+    assert cuda_aware() is False    # asked through MPIX_Query_cuda_support, which the wheel's MPICH has
+
+
+@needs_gpu
+def test_a_plan_beyond_the_gpu_memory_is_refused_before_work():
+    device = Device(0)
+    device.check_memory(1)
+    with pytest.raises(RuntimeError, match="the plan needs up to 1,000,000,000,000,000 bytes per rank, GPU 0 has"):
+        device.check_memory(10**15)
+
+
+def _operands(shapes, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.random(s).astype(dtype) for s in shapes]
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", sorted(SUITE))
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_suite_on_gpu_equals_cpu_in_both_modes(name, dtype):
+    import cupy
+    eq, sizes = SUITE[name]
+    shapes = shapes_for(eq, {c: 4 * n for c, n in sizes.items()})
+    host = _operands(shapes, dtype)
+    want = deinsum.compile(eq, *shapes)(*host)
+    prog = deinsum.compile(eq, *shapes, device="gpu")
+    got = prog(*host)                                   # host in, host out: copies timed
+    assert isinstance(got, np.ndarray) and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=RTOL[dtype], atol=0)
+    assert prog.last_run.seconds["host_to_device"] > 0 and prog.last_run.seconds["device_to_host"] > 0
+    resident = prog(*[cupy.asarray(a) for a in host])   # already on the GPU: result stays there
+    assert isinstance(resident, cupy.ndarray)
+    np.testing.assert_allclose(cupy.asnumpy(resident), want, rtol=RTOL[dtype], atol=0)
+    assert "host_to_device" not in prog.last_run.seconds and prog.last_run.matches_model
+
+
+@needs_gpu
+def test_cupy_operands_need_device_gpu():
+    import cupy
+    prog = deinsum.compile("ij,jk->ik", (2, 3), (3, 4))
+    with pytest.raises(DeinsumError, match="operand 0 is a GPU array: compile with device='gpu'"):
+        prog(cupy.ones((2, 3)), np.ones((3, 4)))
+
+
+GPU_MPI = """
+import sys
+import numpy as np, cupy
+from mpi4py import MPI
+import deinsum
+sys.path.insert(0, {tests!r})
+from suite import SUITE, shapes_for
+from random_cases import random_einsums
+comm = MPI.COMM_WORLD
+cases = [(name, eq, shapes_for(eq, {{c: 3 * n for c, n in s.items()}})) for name, (eq, s) in sorted(SUITE.items())]
+cases += [(f"random {{k}}", eq, shapes) for k, (eq, shapes) in enumerate(random_einsums(12, seed=5))]
+for name, eq, shapes in cases:
+    for dtype, rtol in (("float64", 1e-10), ("float32", 1e-4)):
+        rng = np.random.default_rng(1)
+        host = [rng.random(s).astype(dtype) for s in shapes]
+        want = deinsum.compile(eq, *shapes)(*host)
+        prog = deinsum.compile(eq, *shapes, device="gpu")
+        for resident in (False, True):
+            got = prog(*[cupy.asarray(a) if resident else a for a in host])
+            assert isinstance(got, cupy.ndarray) == resident, (name, resident)
+            np.testing.assert_allclose(cupy.asnumpy(got), want, rtol=rtol, atol=1e-12, err_msg=f"{{name}} {{eq}}")
+            assert comm.allreduce(not prog.last_run.matches_model) == 0, (name, str(prog.last_run))
+        prog.close()
+if comm.rank == 0:
+    print("OK", len(cases))
+"""
+
+
+@needs_gpu
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_suite_and_random_einsums_on_gpu_under_mpi(nprocs, tmp_path):
+    from pathlib import Path
+    out = check_mpi(nprocs, GPU_MPI.format(tests=str(Path(__file__).parent)), tmp_path=tmp_path, timeout=600)
+    assert f"OK {len(SUITE) + len(random_einsums(12, seed=5))}" in out
+
+
+@needs_gpu
+def test_emitted_script_on_gpu_validates(tmp_path):
+    from mpirun import run_mpi_script
+    script = deinsum.compile("ijk,ja,ka->ia", (40, 30, 20), (30, 8), (20, 8)).to_script(tmp_path / "p.py", nprocs=2)
+    res = run_mpi_script(2, script, "--device", "gpu", "--validate", "--repeat", "2", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "validate: OK" in res.stdout and "measured bytes == model" in res.stdout
+    assert "local compute on GPU" in res.stdout and "host_to_device" in res.stdout
