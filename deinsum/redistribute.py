@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
 from .errors import DeinsumError
 from .layout import Layout, balanced_split, block_range
 
-__all__ = ["Redistribution", "plan_redistribution", "rank_tables", "reduce_split", "received_words", "via_scatter",
-           "sample_ranks", "scatter_split", "table_words"]
+__all__ = ["Redistribution", "plan_redistribution", "rank_tables", "reduce_split", "received_words", "sent_words",
+           "via_scatter", "sample_ranks", "scatter_split", "table_words"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -248,14 +248,39 @@ def table_words(tables: tuple) -> tuple[int, int]:
             sum(math.prod(size) for t in tables for _, _, size, _ in t[5]))
 
 
+def sent_words(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | None = None) -> np.ndarray:
+    """Modeled words each rank sends in :func:`rank_tables` ``(src, dst, nprocs, rank, split)``, every rank at
+    once: numpy over pairs of ranks (``nprocs ** 2``, in chunks), without building a table.
+
+    >>> sent_words(Layout.on_root((5,), 2), Layout.replicated((5,), 2), 2).tolist()   # a broadcast
+    [5, 0]
+    """
+    _check_pair(src, dst, nprocs)
+    sent = np.zeros(nprocs, dtype=np.int64)
+    for a, b in _phases(src, dst, nprocs, split):
+        senders, receivers = np.flatnonzero(a.held), np.flatnonzero(b.held)
+        step = max(1, 2**20 // max(1, receivers.size))
+        for first in range(0, senders.size, step):
+            s = senders[first:first + step, None]   # senders (rows) x receivers (columns), as in _rank_phase
+            other_key = (a.summand[receivers] != a.summand[s]) | ~a.held[receivers]
+            words = np.ones(other_key.shape, dtype=np.int64)
+            for x in range(a.lo.shape[1]):
+                words *= np.clip(np.minimum(b.hi[receivers, x], a.hi[s, x]) - np.maximum(b.lo[receivers, x], a.lo[s, x]),
+                                 0, None)
+                other_key |= a.cell[receivers, x] != a.cell[s, x]
+            to = other_key & (receivers % a.n_replicas == a.replica[s])
+            sent[senders[first:first + step]] += (words * to).sum(axis=1)
+    return sent
+
+
 @dataclass(frozen=True, eq=False)
 class Redistribution:
     """A planned move of one tensor from layout ``src`` to ``dst`` on ``nprocs`` ranks, through a
     reduce-scatter that cuts blocks by ``split`` first unless it is None (:func:`reduce_split`).
 
     :meth:`table` is what rank ``r`` executes, one ``Alltoallw`` per phase (built on demand, per rank);
-    ``words_sent[r]`` / ``words_received[r]`` are the words rank ``r`` sends / receives (local copies
-    excluded), counted from every rank's tables.
+    ``words_sent[r]`` / ``words_received[r]`` are the modeled words rank ``r`` sends / receives (local
+    copies excluded; :func:`sent_words`, :func:`received_words`), which the tables move exactly.
     """
 
     src: Layout
@@ -275,25 +300,21 @@ class Redistribution:
             self._tables[rank] = rank_tables(self.src, self.dst, self.nprocs, rank, self.split)
         return self._tables[rank]
 
-    def words(self, rank: int) -> tuple[int, int]:
-        """(words sent, words received) of ``rank``."""
-        return table_words(self.table(rank))
-
     def bytes_sent(self, rank: int, itemsize: int) -> int:
-        """Bytes ``rank`` sends for elements of ``itemsize`` bytes."""
-        return self.words(rank)[0] * itemsize
+        """Modeled bytes ``rank`` sends for elements of ``itemsize`` bytes."""
+        return self.words_sent[_check_rank(rank, self.nprocs)] * itemsize
 
     def bytes_received(self, rank: int, itemsize: int) -> int:
-        """Bytes ``rank`` receives for elements of ``itemsize`` bytes."""
-        return self.words(rank)[1] * itemsize
+        """Modeled bytes ``rank`` receives for elements of ``itemsize`` bytes."""
+        return self.words_received[_check_rank(rank, self.nprocs)] * itemsize
 
-    @property
+    @cached_property
     def words_sent(self) -> tuple[int, ...]:
-        return tuple(self.words(r)[0] for r in range(self.nprocs))
+        return tuple(sent_words(self.src, self.dst, self.nprocs, self.split).tolist())
 
-    @property
+    @cached_property
     def words_received(self) -> tuple[int, ...]:
-        return tuple(self.words(r)[1] for r in range(self.nprocs))
+        return tuple(received_words(self.src, self.dst, self.nprocs).tolist())
 
     @property
     def max_words_received(self) -> int:
