@@ -51,11 +51,17 @@ if comm.rank == 0:
 """
 
 
-def check_scripts(nprocs, cases, tmp_path):
+#: The acceptance case of the script's size: MTTKRP 64^3 x 8, inputs and result on rank 0.
+MTTKRP = ("ijk,ja,ka->ia", [(64, 64, 64), (64, 8), (64, 8)], np.float64, "root", "root")
+
+
+def check_scripts(nprocs, cases, tmp_path, extra=()):
     jobs = []
-    for n, (eq, shapes) in enumerate(cases):   # the first 16 cases take every (dtype, modes) pair
-        dtype = [np.float64, np.float32, np.complex128, np.complex64][n % 4]
-        inputs, result = [("root", "root"), ("global", "all"), ("root", "all"), ("global", "root")][n // 4 % 4]
+    modes = [("root", "root"), ("global", "all"), ("root", "all"), ("global", "root")]
+    dtypes = [np.float64, np.float32, np.complex128, np.complex64]
+    # the first 16 cases take every (dtype, modes) pair
+    for n, (eq, shapes, dtype, inputs, result) in enumerate([(eq, shapes, dtypes[n % 4], *modes[n // 4 % 4])
+                                                             for n, (eq, shapes) in enumerate(cases)] + list(extra)):
         prog = deinsum.compile(eq, *shapes, dtype=dtype, inputs=inputs, result=result)
         plan = prog.plan(nprocs=nprocs)
         jobs.append((str(prog.to_script(tmp_path / f"p{n}.py", nprocs=nprocs)), plan.model_bytes(),
@@ -69,7 +75,7 @@ def check_scripts(nprocs, cases, tmp_path):
 
 @pytest.mark.parametrize("nprocs", EMIT_P)
 def test_emitted_scripts_match_numpy_and_model(nprocs, tmp_path):
-    check_scripts(nprocs, SUBSET, tmp_path)
+    check_scripts(nprocs, SUBSET, tmp_path, extra=[MTTKRP])
 
 
 @pytest.mark.slow
