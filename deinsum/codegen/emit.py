@@ -65,13 +65,14 @@ class _Def:
 class _Module:
     """A carried module's lines, its definitions, and the lines no program keeps (docstrings, comments,
     blank lines, imports of other deinsum modules; ``replace``: an emptied body's ``pass``; ``inside``:
-    lines inside a multi-line string)."""
+    lines inside a multi-line string; ``cut``: the spaces a line loses, half its statement's indentation)."""
 
     lines: tuple[str, ...]
     defs: tuple[_Def, ...]
     drop: frozenset
     replace: dict
     inside: frozenset
+    cut: dict
 
 
 def _body_docstrings(body, drop: set, replace: dict, top: bool = False) -> None:
@@ -99,8 +100,14 @@ def _module(text: str) -> _Module:
     _body_docstrings(tree.body, drop, replace, top=True)
     inside = set()   # lines inside multi-line strings keep their blanks and hashes
     words: dict[int, list] = {}   # per line, the (is_attribute, name) of its identifiers
-    dot = False
+    cut: dict[int, int] = {}   # per line, the spaces it loses: half its statement's indentation
+    dot, start, half = False, True, 0
     for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type not in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+            if start:
+                start, half = False, tok.start[1] - tok.start[1] // 2
+            cut.setdefault(tok.start[0], half)
+        start = start or tok.type == tokenize.NEWLINE
         if tok.type == tokenize.STRING:
             inside.update(range(tok.start[0] + 1, tok.end[0] + 1))
         elif tok.type == tokenize.COMMENT and tok.line.strip().startswith("#"):
@@ -137,7 +144,7 @@ def _module(text: str) -> _Module:
             rest = define(node, names, skip=set().union(*(m.lines for m in methods)))
             entry = _Def(rest.names, rest.lines, rest.names_used, rest.attrs_used, methods)
         defs.append(entry)
-    return _Module(lines, tuple(defs), frozenset(drop), replace, frozenset(inside))
+    return _Module(lines, tuple(defs), frozenset(drop), replace, frozenset(inside), cut)
 
 
 def _kept(modules, roots: set[str]) -> set[range]:
@@ -164,8 +171,8 @@ def _kept(modules, roots: set[str]) -> set[range]:
 
 
 def _lines(module: _Module, kept: set[range]) -> list[str]:
-    """The module's lines that the program keeps, indented by half (statements are indented by multiples of
-    4 spaces; lines inside multi-line strings stay as they are)."""
+    """The module's lines that the program keeps, indented by half (a continuation line moves with its
+    statement; lines inside multi-line strings stay as they are)."""
     out = []
     for d in module.defs:
         if d.lines not in kept:
@@ -178,8 +185,7 @@ def _lines(module: _Module, kept: set[range]) -> list[str]:
             if n in module.inside:
                 out.append(line)
             else:
-                indent = len(line) - len(line.lstrip(" "))
-                out.append(" " * (indent // 2) + line[indent:])
+                out.append(line[min(module.cut.get(n, 0), len(line) - len(line.lstrip(" "))):])
     return out
 
 
