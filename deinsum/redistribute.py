@@ -174,14 +174,19 @@ def _check_rank(rank: int, nprocs: int) -> int:
     return rank
 
 
+@lru_cache(maxsize=64)
+def _every(layout: Layout, nprocs: int) -> _Holdings:
+    """The holdings of every rank (cached: moves share layouts)."""
+    return _holdings(layout, np.arange(nprocs))
+
+
 @lru_cache(maxsize=32)
 def _phases(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | None) -> tuple:
     """The (source, destination) holdings of every rank, per phase (cached: a move's ranks share them)."""
-    ranks = np.arange(nprocs)
-    start, end = _holdings(src, ranks), _holdings(dst, ranks)
+    start, end = _every(src, nprocs), _every(dst, nprocs)
     if split is None:
         return ((start, end),)
-    middle = _scattered(src, ranks, split)
+    middle = _scattered(src, np.arange(nprocs), split)
     return (start, middle), (middle, end)
 
 
@@ -219,9 +224,11 @@ def _rank_phase(src: _Holdings, dst: _Holdings, rank: int) -> tuple:
                                                              src.replica == rank % src.n_replicas)
         senders = np.flatnonzero(chosen)
         order = np.lexsort((src.summand[senders],) + tuple(src.cell[senders].T[::-1]))
-        for peer in senders[order].tolist():
-            size, at = tuple((hi[peer] - lo[peer]).tolist()), tuple((lo[peer] - dst.lo[rank]).tolist())
-            add = int(src.summand[peer] > 0)
+        senders = senders[order]
+        pieces = zip(senders.tolist(), (hi[senders] - lo[senders]).tolist(), (lo[senders] - dst.lo[rank]).tolist(),
+                     (src.summand[senders] > 0).tolist())
+        for peer, size, at, add in pieces:
+            size, at, add = tuple(size), tuple(at), int(add)
             if peer == rank:
                 ops.append((rank, add, tuple((lo[peer] - src.lo[rank]).tolist()), size, at))
                 continue
@@ -231,8 +238,9 @@ def _rank_phase(src: _Holdings, dst: _Holdings, rank: int) -> tuple:
     if in_held:
         lo, hi = np.maximum(dst.lo, src.lo[rank]), np.minimum(dst.hi, src.hi[rank])
         to = dst.held & (hi > lo).all(axis=1) & ~same_key & (ranks % src.n_replicas == src.replica[rank])
-        sends = [(peer, tuple((lo[peer] - src.lo[rank]).tolist()), tuple((hi[peer] - lo[peer]).tolist()))
-                 for peer in np.flatnonzero(to).tolist()]
+        to = np.flatnonzero(to)
+        sends = [(peer, tuple(start), tuple(size)) for peer, start, size in
+                 zip(to.tolist(), (lo[to] - src.lo[rank]).tolist(), (hi[to] - lo[to]).tolist())]
     return (int(in_held), tuple((src.hi[rank] - src.lo[rank]).tolist()) if in_held else (),
             int(out_held), tuple((dst.hi[rank] - dst.lo[rank]).tolist()) if out_held else (),
             tuple(sends), tuple(sorted(recvs)), tuple(ops))
