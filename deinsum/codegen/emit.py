@@ -17,9 +17,7 @@ fixed pattern.
 from __future__ import annotations
 
 import ast
-import io
 import re
-import tokenize
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -47,6 +45,12 @@ def _name(name: str) -> str:
 
 
 _WORD = re.compile(r"(\.\s*)?\b([A-Za-z_]\w*)")
+#: Python's tokens as far as the carrier needs them: strings (with any prefix), comments, names, dots,
+#: brackets, backslash continuations and line ends; everything else is skipped.
+_TOKEN = re.compile(r"""(?P<string>(?:[rRbBuUfF]{1,2}(?=['"]))?(?:'\'\'(?:\\.|[^\\])*?'\'\'|\"\"\"(?:\\.|[^\\])*?\"\"\"
+                                  |'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*"))
+                      |(?P<comment>\#[^\n]*)|(?P<name>[A-Za-z_]\w*)|(?P<dot>\.)|(?P<open>[(\[{])|(?P<close>[)\]}])
+                      |(?P<backslash>\\(?=\n))|(?P<newline>\n)""", re.X)
 
 
 @dataclass(frozen=True)
@@ -101,22 +105,34 @@ def _module(text: str) -> _Module:
     inside = set()   # lines inside multi-line strings keep their blanks and hashes
     words: dict[int, list] = {}   # per line, the (is_attribute, name) of its identifiers
     cut: dict[int, int] = {}   # per line, the spaces it loses: half its statement's indentation
-    dot, start, half = False, True, 0
-    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-        if tok.type not in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
-            if start:
-                start, half = False, tok.start[1] - tok.start[1] // 2
-            cut.setdefault(tok.start[0], half)
-        start = start or tok.type == tokenize.NEWLINE
-        if tok.type == tokenize.STRING:
-            inside.update(range(tok.start[0] + 1, tok.end[0] + 1))
-        elif tok.type == tokenize.COMMENT and tok.line.strip().startswith("#"):
-            drop.add(tok.start[0])
-        elif tok.type == tokenize.NAME:
-            words.setdefault(tok.start[0], []).append((dot, tok.string))
-        if tok.type == tokenize.STRING and "f" in tok.string.split(tok.string[-1])[0].lower():   # f-string
-            words.setdefault(tok.start[0], []).extend((bool(d), w) for d, w in _WORD.findall(tok.string))
-        dot = tok.type == tokenize.OP and tok.string == "."
+    line, depth, dot, joined = 1, 0, False, False
+    cut[1] = 0
+    for match in _TOKEN.finditer(text):
+        kind, value = match.lastgroup, match.group()
+        if kind == "newline":
+            line += 1
+            if depth or joined:   # a continuation line moves with its statement
+                cut[line] = cut[line - 1]
+            else:
+                indent = len(lines[line - 1]) - len(lines[line - 1].lstrip(" ")) if line <= len(lines) else 0
+                cut[line] = indent - indent // 2
+            joined = False
+            continue
+        if kind == "string":
+            if "f" in value.split(value[-1])[0].lower():   # an f-string: the names in its expressions
+                words.setdefault(line, []).extend((bool(d), w) for d, w in _WORD.findall(value))
+            end = line + value.count("\n")
+            inside.update(range(line + 1, end + 1))
+            cut.update((n, cut[line]) for n in range(line + 1, end + 1))
+            line = end
+        elif kind == "comment" and not lines[line - 1][:match.start() - text.rfind("\n", 0, match.start()) - 1].strip():
+            drop.add(line)
+        elif kind == "name":
+            words.setdefault(line, []).append((dot, value))
+        elif kind == "open" or kind == "close":
+            depth += 1 if kind == "open" else -1
+        joined = kind == "backslash"
+        dot = kind == "dot"
     drop.update(n for n, line in enumerate(lines, 1) if not line.strip() and n not in inside)
 
     def define(node, names, skip=()) -> _Def:
