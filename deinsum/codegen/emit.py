@@ -6,9 +6,12 @@ the group reads (``rt.scatter``, ``rt.reduce_scatter``, ..., each on its named
 communicator) and runs its local steps, and ``run`` that calls them in order;
 and, as one delimited block, the definitions it uses from the modules in
 :data:`RUNTIME` (layouts, the per-rank exchange tables, kernels, exchange,
-runtime, driver), their lines verbatim. Each rank builds its own exchange
-tables and footprint from the layouts at start-up. ``Program.__call__`` runs
-the same schedule through the same modules in-process.
+runtime, driver), their lines verbatim but indented by half, without
+docstrings and comments. Each rank builds its own exchange tables and
+footprint from the layouts at start-up, so the size does not depend on the
+number of ranks (MTTKRP 64^3 x 8 on rank 0: about 57 kB at P = 8 and at
+P = 65,536). ``Program.__call__`` runs the same schedule through the same
+modules in-process.
 
 Nothing from the user reaches the code except through ``repr`` of plain data
 (strings, ints, tuples) and comments; tensor names are checked against a
