@@ -7,8 +7,11 @@
 """
 from __future__ import annotations
 
+from .darray import DistributedArray
 from .decompose import Decomposition, Step, decompose
 from .errors import DeinsumError
+from .layout import Layout
+from .sequence import SequencePlan, plan_sequence
 
 from .version import __version__
 
@@ -42,19 +45,25 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
                    layouts, casting)
 
 
-def einsum(equation: str, *arrays, comm=None, **options):
+def einsum(equation: str, *arrays, comm=None, result=None, **options):
     """Distributed ``numpy.einsum``: every rank passes the arrays and gets the result.
 
-    Collective: an error on any rank (even while compiling) is raised on every rank.
+    With :class:`DistributedArray` operands (plain arrays beside them are replicated) the result is a
+    DistributedArray (``result`` may name its layout, or ask ``'all'``/``'root'``); otherwise every rank
+    passes whole arrays and gets the whole result. ``options`` go to :func:`compile`. Collective: an
+    error on any rank (even while compiling) is raised on every rank.
     """
     import numpy as np
     from mpi4py import MPI
 
     from .codegen.checks import collectively
-    comm = MPI.COMM_WORLD if comm is None else comm
-    prog = collectively(comm, lambda: compile(equation, *[np.shape(a) for a in arrays], **options),
-                        error=DeinsumError)
-    return prog(*arrays, comm=comm)
+    held = [a for a in arrays if isinstance(a, DistributedArray)]
+    comm = comm if comm is not None else held[0].comm if held else MPI.COMM_WORLD
+    shapes = [a.shape if isinstance(a, DistributedArray) else np.shape(a) for a in arrays]
+    prog = collectively(comm, lambda: compile(equation, *shapes, **options), error=DeinsumError)
+    with prog:
+        return prog(*arrays, comm=comm, result=result)
 
 
-__all__ = ["DeinsumError", "Decomposition", "Step", "compile", "decompose", "einsum", "__version__"]
+__all__ = ["DeinsumError", "Decomposition", "DistributedArray", "Layout", "SequencePlan", "Step", "compile", "decompose", "einsum",
+           "plan_sequence", "__version__"]

@@ -26,15 +26,15 @@ import numpy as np
 from deinsum.errors import DeinsumError
 from deinsum.layout import Layout, block_range, max_power, ordered_factorisations, prime_factors
 
-__all__ = ["GridChoice", "candidate_grids", "estimate_words", "tile_distance", "GridComms", "make_communicators"]
+__all__ = ["GridChoice", "candidate_grids", "estimate_words", "block_imbalance", "GridComms", "make_communicators"]
 
 #: Fewer than P ranks are searched when P has a prime factor above this, or when no grid of P
 #: ranks fits the sizes: then the largest counts below P whose prime factors are all <= SMOOTH_PRIME
 #: (at most FEWER_RANK_COUNTS of them) compete too.
 SMOOTH_PRIME = 7
 FEWER_RANK_COUNTS = 4
-#: At most this many candidate grids per group; past it the indices whose SOAP tile is closest to
-#: their whole extent (else the smallest) are left unsplit (the reason says so).
+#: At most this many candidate grids per group; past it the smallest indices are left unsplit (the
+#: reason says so).
 MAX_CANDIDATE_GRIDS = 8192
 
 
@@ -98,22 +98,19 @@ class GridChoice:
         return f"grid [{grid}] on {self.used} of {self.nprocs} ranks, {self.volume} words/rank: {self.reason}"
 
 
-def candidate_grids(nprocs: int, indices: str, sizes: Mapping[str, int],
-                    tile: Mapping[str, float] | None = None) -> tuple[np.ndarray, str]:
+def candidate_grids(nprocs: int, indices: str, sizes: Mapping[str, int]) -> tuple[np.ndarray, str]:
     """Candidate grid dims (rows over ``indices``; a dimension never gets more ranks than its size) and a note.
 
     The ordered factorisations of ``nprocs``, plus grids on fewer ranks when ``nprocs``
     has a prime factor above SMOOTH_PRIME or no grid of ``nprocs`` fits. When there
-    would be more than MAX_CANDIDATE_GRIDS, the indices least worth splitting (largest
-    ``tile / size``, else the smallest) stay unsplit.
+    would be more than MAX_CANDIDATE_GRIDS, the smallest indices stay unsplit.
 
     >>> rows, note = candidate_grids(4, "ij", dict(i=4, j=4))
     >>> rows.tolist(), note
     ([[1, 4], [2, 2], [4, 1]], 'searched 3 grids on 4 ranks')
     """
     caps = [max(1, int(sizes[c])) for c in indices]
-    order = sorted(range(len(indices)), key=lambda v: (-float(tile.get(indices[v], 1.0)) / caps[v] if tile else 0.0,
-                                                       caps[v], v), reverse=True)
+    order = sorted(range(len(indices)), key=lambda v: (caps[v], v), reverse=True)
     dropped = []
     while _count_bound(nprocs, caps) > MAX_CANDIDATE_GRIDS:
         v = order.pop()
@@ -204,13 +201,15 @@ def estimate_words(indices: str, sizes: Mapping[str, int], dims: np.ndarray, npr
     return np.round(total).astype(np.int64)
 
 
-def tile_distance(dims: np.ndarray, indices: str, sizes: Mapping[str, int],
-                  tile: Mapping[str, float] | None) -> np.ndarray:
-    """Squared log-space distance, up to a common scale, between per-rank blocks and the SOAP ``tile``."""
+def block_imbalance(dims: np.ndarray, indices: str, sizes: Mapping[str, int]) -> np.ndarray:
+    """Per grid (rows of ``dims``), the spread of its per-rank block extents in log space: 0 for
+    cubic blocks (a tie-break between grids of equal modeled volume).
+
+    >>> block_imbalance(np.array([[2, 2], [4, 1]]), "ij", dict(i=8, j=8)).round(3).tolist()
+    [0.0, 0.961]
+    """
     extent = np.array([max(sizes[c], 1) for c in indices], dtype=float)
-    ideal = np.ones(len(indices)) if tile is None else np.array(
-        [min(max(float(tile.get(c, 1.0)), 1.0), e) for c, e in zip(indices, extent)])
-    gap = np.log(extent / dims) - np.log(ideal)
+    gap = np.log(extent / dims)
     if gap.shape[1]:
         gap -= gap.mean(axis=1, keepdims=True)
     return (gap ** 2).sum(axis=1)

@@ -378,17 +378,16 @@ class Layout:
         """Words in the largest block (the block of rank 0 under balanced splits)."""
         return math.prod(int(np.diff(self.axis_bounds(x)).max(initial=0)) for x in range(len(self.shape)))
 
-    def spec(self, names: str | None = None) -> str:
-        """Short ``PartitionSpec``-like text: per tensor axis the grid dims that split it.
+    def spec(self) -> str:
+        """The short ``PartitionSpec``-like text that pinned layouts accept: grid extents, then per tensor
+        axis the grid dimension(s) splitting it (``-`` none, ``1.0`` dims 1 then 0 nested).
 
-        >>> Layout((4, 6), grid=(2, 3), axes=((1, 0), None)).spec("ij")
-        'grid (2, 3): i/(1, 0), j/-'
+        >>> Layout((4, 6), grid=(2, 3), axes=((1, 0), None)).spec()
+        '2x3: 1.0, -'
         """
-        names = names or "".join(f"[{x}]" for x in range(len(self.shape)))
-        items = [f"{c}/{self.axes[x] if self.axes[x] is not None else '-'}" for x, c in
-                 enumerate([names[x] for x in range(len(self.shape))])] if len(names) == len(self.shape) else []
-        text = f"grid {self.grid}: " + (", ".join(items) or "scalar")
-        return text + (f", partial over {self.partial}" if self.partial else "")
+        axes = ", ".join("-" if a is None else ".".join(map(str, self.axis_dims(x))) for x, a in enumerate(self.axes))
+        text = "x".join(map(str, self.grid)) + ": " + axes
+        return text + (f" (partial over {self.partial})" if self.partial else "")
 
     def __str__(self) -> str:
         shape = "x".join(map(str, self.shape)) or "scalar"

@@ -21,10 +21,10 @@ from .codegen.checks import agree, check_cast, check_output_path, collectively, 
 from .codegen.emit import generate
 from .codegen.kernels import contract_pair, unary
 from .codegen.runtime import Runtime, pin_blas_threads
+from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
 from .errors import DeinsumError
 from .footprint import check_footprint, footprint
-from .layout import Layout
 from .plan import Plan, build_plan, pin_names
 from .schedule import Move
 from .soap import analyze
@@ -49,20 +49,6 @@ class RunReport:
         phases = ", ".join(f"{k} {v:.6f} s" for k, v in self.seconds.items())
         return (f"rank {self.rank}: {phases}; sent {self.bytes_sent} B, received {self.bytes_received} B "
                 f"(model {self.model_sent}/{self.model_received})")
-
-
-@dataclass(frozen=True)
-class DistributedResult:
-    """The result left distributed: this rank's block and the layout saying who holds what."""
-
-    local: np.ndarray | None
-    layout: Layout
-    rank: int
-
-    @property
-    def block(self):
-        """This rank's slice of the global result (None where it holds nothing)."""
-        return self.layout.block(self.rank)
 
 
 def as_dtype(value) -> np.dtype:
@@ -150,6 +136,7 @@ class Program:
     layouts: dict | None = None
     casting: str = "safe"
     last_run: RunReport | None = field(default=None, init=False, repr=False)
+    last_plan: Plan | None = field(default=None, init=False, repr=False)
     _runtimes: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
@@ -167,8 +154,9 @@ class Program:
 
     # ---- planning and reports (pure, no MPI) ---------------------------------------------------
     def plan(self, shapes: Sequence[Sequence[int]] | None = None, nprocs: int | None = None, dtype=None,
-             inputs: str | None = None, result: str | None = None) -> Plan:
-        """The plan for these shapes, ranks, dtype and entry/exit layouts (cached)."""
+             inputs: str | None = None, result: str | None = None, layouts: dict | None = None) -> Plan:
+        """The plan for these shapes, ranks, dtype and entry/exit layouts (cached); ``layouts`` pins more
+        layouts on top of the compiled ones (see :func:`deinsum.compile`)."""
         shapes = self.shapes if shapes is None else tuple(as_shape(s, f"operand {n}") for n, s in enumerate(shapes))
         if shapes is None:
             raise DeinsumError(f"{self.equation!r} was compiled without shapes: pass shapes to plan()")
@@ -176,7 +164,7 @@ class Program:
         if nprocs is None:
             raise DeinsumError("the number of ranks is unknown: pass nprocs")
         dtype = as_dtype(dtype if dtype is not None else self.dtype if self.dtype is not None else np.float64)
-        pins = pin_names(self.layouts)
+        pins = pin_names({**dict(pin_names(self.layouts)), **dict(pin_names(layouts))})
         return _plan(self.equation, shapes, int(nprocs), dtype, self.memory, inputs or self.inputs,
                      result or self.result, pins)
 
@@ -232,8 +220,15 @@ class Program:
         return [layout.block(rank) or (slice(0, 0),) * len(layout.shape) for layout in plan.entry]
 
     # ---- running -----------------------------------------------------------------------------------
-    def __call__(self, *arrays, comm=None, inputs: str | None = None, result: str | None = None):
-        """Run on ``comm`` (default COMM_WORLD); returns the result as ``result`` asks.
+    def __call__(self, *arrays, comm=None, inputs: str | None = None, result=None):
+        """Run on ``comm`` (default COMM_WORLD, or that of the distributed operands); returns the result as
+        ``result`` asks.
+
+        :class:`~deinsum.darray.DistributedArray` operands stay where they are: their layouts are pinned
+        entry layouts (no move where they already fit the plan); plain arrays beside them are taken as
+        replicated (every rank passes the whole array); the result is then a DistributedArray in the
+        layout the plan chose, unless ``result`` says ``'all'`` or ``'root'``. ``result`` may also be a
+        layout (a Layout, ``'even'`` or text like ``'2x2: 0, 1'``): a DistributedArray in that layout.
 
         Collective and checked before any work: all ranks agree on the equation, operand count,
         shapes, dtype, casting, modes, pinned layouts and communicator size, the plan (with the
@@ -241,15 +236,26 @@ class Program:
         every rank raises the same one-line DeinsumError.
         """
         from mpi4py import MPI
-        comm = MPI.COMM_WORLD if comm is None else comm
-        inputs, result = inputs or self.inputs, result or self.result
-        facts, failure, shapes, dtype = self._facts(arrays, comm.rank, comm.size, inputs, result)
+        held = [a for a in arrays if isinstance(a, DistributedArray)]
+        comm = comm if comm is not None else held[0].comm if held else MPI.COMM_WORLD
+        inputs = inputs or ("local" if held else self.inputs)
+        result = result if result is not None else "distributed" if held else self.result
+        pins = dict(pin_names(self.layouts))
+        if held:
+            pins |= {f"in{n}": a.layout if isinstance(a, DistributedArray) else "replicated"
+                     for n, a in enumerate(arrays)}
+        if not (isinstance(result, str) and result in ("all", "root", "distributed")):
+            pins["out"], result = result, "distributed"
+        pins = pin_names(pins)
+        facts, failure, shapes, dtype = self._facts(arrays, comm, inputs, result, pins, bool(held))
         agree(comm, facts, failure, DeinsumError)
         if inputs == "root":   # the other ranks learn rank 0's shapes and dtype
             shapes, dtype = comm.bcast((shapes, dtype), root=0)
-        plan = collectively(comm, self.plan, shapes, comm.size, dtype, inputs, result, error=DeinsumError)
+        blocks = [a.local if isinstance(a, DistributedArray) else a for a in arrays]
+        plan = collectively(comm, self.plan, shapes, comm.size, dtype, inputs, result, dict(pins),
+                            error=DeinsumError)
         memory = comm.allreduce(plan.memory, op=MPI.MIN)     # ranks may measure different free memory
-        plan, operands = collectively(comm, self._checked, plan, memory, shapes, arrays, comm.rank,
+        plan, operands = collectively(comm, self._checked, plan, memory, shapes, blocks, comm.rank, pins,
                                       error=DeinsumError)
         if self.threads == "auto" and not _PINNED:
             pin_blas_threads(comm)
@@ -263,8 +269,9 @@ class Program:
         model = plan.model_bytes()[comm.rank]
         self.last_run = RunReport(comm.rank, dict(rt.clock.seconds), rt.log.bytes_sent, rt.log.bytes_received,
                                   *model)
+        self.last_plan = plan
         if result == "distributed":
-            return DistributedResult(out, plan.exit, comm.rank)
+            return DistributedArray(out, plan.exit, comm, plan.dtype)
         return out[()] if out is not None and out.ndim == 0 else out   # numpy.einsum: a scalar
 
     def close(self) -> None:
@@ -280,29 +287,34 @@ class Program:
         self.close()
         return False
 
-    def _facts(self, arrays, rank, size, inputs, result):
+    def _facts(self, arrays, comm, inputs, result, pins, held):
         """This rank's facts to agree on, its local failure (or None), and its shapes and dtype."""
+        rank = comm.rank
         facts = {"equation": self.equation, "compiled shapes": self.shapes, "compiled dtype": self.dtype,
-                 "casting": self.casting, "inputs": inputs, "result": result, "communicator size": size,
+                 "casting": self.casting, "inputs": inputs, "result": result, "communicator size": comm.size,
                  "operand count": len(arrays)}
         shapes = dtype = None
         try:
-            facts["pinned layouts"] = pin_names(self.layouts)
+            facts["pinned layouts"] = pins
             nops = self.equation.partition("->")[0].count(",") + 1
             if len(arrays) != nops:
                 raise DeinsumError(f"{self.equation!r} takes {nops} operands, got {len(arrays)}")
-            if inputs == "local" and self.shapes is None:
+            if held:
+                self._check_distributed(arrays, comm, inputs)
+            elif inputs == "local" and self.shapes is None:
                 raise DeinsumError("inputs='local' needs the global shapes: compile with shapes")
             if inputs != "root" or rank == 0:
                 # with local inputs a rank that holds nothing of an operand may pass None
-                types = [np.asarray(a).dtype for a in arrays if not (inputs == "local" and a is None)]
+                types = [a.dtype if isinstance(a, DistributedArray) else np.asarray(a).dtype for a in arrays
+                         if not (inputs == "local" and a is None)]
                 if self.dtype is None and not types:
                     raise DeinsumError(f"rank {rank} passes no block to take the dtype from: pass the empty "
                                        f"blocks (see Program.input_blocks) or compile with dtype")
                 dtype = as_dtype(self.dtype if self.dtype is not None else np.result_type(*types))
                 for n, t in enumerate(types):
                     check_cast(t, dtype, self.casting, f"operand {n}", DeinsumError)
-                shapes = self.shapes if inputs == "local" else tuple(tuple(np.shape(a)) for a in arrays)
+                shapes = (tuple(a.shape if isinstance(a, DistributedArray) else np.shape(a) for a in arrays)
+                          if held else self.shapes if inputs == "local" else tuple(tuple(np.shape(a)) for a in arrays))
                 if inputs != "root":
                     facts.update({"shapes": shapes, "dtype": dtype})
             failure = None
@@ -310,12 +322,26 @@ class Program:
             failure = str(exc) if isinstance(exc, DeinsumError) else f"{type(exc).__name__}: {exc}"
         return facts, failure, shapes, dtype
 
-    def _checked(self, plan, memory, shapes, arrays, rank):
+    @staticmethod
+    def _check_distributed(arrays, comm, inputs) -> None:
+        """Distributed operands live on ``comm``; plain ones beside them are whole (replicated) arrays."""
+        from mpi4py import MPI
+        if inputs != "local":
+            raise DeinsumError(f"inputs={inputs!r} with DistributedArray operands: they are 'local' by nature")
+        for n, a in enumerate(arrays):
+            if isinstance(a, DistributedArray):
+                if MPI.Comm.Compare(a.comm, comm) not in (MPI.IDENT, MPI.CONGRUENT):
+                    raise DeinsumError(f"operand {n}: a DistributedArray on another communicator than the call's")
+            elif a is None:
+                raise DeinsumError(f"operand {n} is None: beside DistributedArrays pass whole arrays "
+                                   f"(replicated) or DistributedArrays")
+
+    def _checked(self, plan, memory, shapes, arrays, rank, pins):
         """``plan`` with the agreed ``memory`` (words per rank), once it fits that memory, and this rank's
         operands as the plan takes them (local blocks checked against its entry layouts)."""
         if plan.memory != memory:
             plan = _plan(self.equation, tuple(map(tuple, shapes)), plan.nprocs, plan.dtype, memory, plan.inputs,
-                         plan.result, pin_names(self.layouts))
+                         plan.result, pins)
         check_footprint(plan)
         holds = plan.inputs in ("global", "local") or rank == 0
         operands = [np.asarray(a, dtype=plan.dtype) if holds and a is not None else None for a in arrays]

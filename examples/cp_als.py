@@ -1,13 +1,12 @@
-"""CP-ALS (CP decomposition) with every MTTKRP run through deinsum; the tensor never leaves its blocks.
+"""CP-ALS (CP decomposition) on distributed arrays: X and the factors never leave their blocks.
 
-Each rank keeps only its even block of the tensor X for the whole run: all
-MTTKRP programs take X in the same entry layout. A factor matrix stays
-distributed too when its MTTKRP's result layout holds whole rows and equals the
-entry layout the other programs expect for that factor: then the update
-``A = M pinv(V)``, its Gram matrix and the fit need only R x R allreduces.
-Otherwise (a mode too short for a row split, e.g. 3 rows on 2 ranks) the MTTKRP
-result is gathered (``result="all"``) and every rank slices its block. The fit of
-every iteration is checked against a numpy CP-ALS on the same data and start.
+The sweep's five (or three) MTTKRPs are planned together (``deinsum.plan_sequence``):
+X gets one home layout for the whole run, and each factor lives where its own
+MTTKRP leaves it, which is where the other MTTKRPs all-gather it from. The
+update ``A = M pinv(V)``, the Gram matrices and the fit are
+:class:`deinsum.DistributedArray` one-liners (R x R allreduces). Every
+iteration prints the bytes each rank moved next to the plan's model, and the
+fit of every iteration is checked against a numpy CP-ALS on the same data.
 
     mpiexec -n 4 python -m mpi4py examples/cp_als.py --shape 60 50 40 --rank 5 --iters 10
 """
@@ -20,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 import deinsum
-from fit_check import report_fits
+from fit_check import report_fits, report_traffic, run_step
 
 LETTERS = "ijklmnopq"
 
@@ -61,48 +60,41 @@ def cp_als_numpy(X: np.ndarray, factors, iters: int) -> list[float]:
     return fits
 
 
-def holds_whole_rows(layout) -> bool:
-    return layout.axes[1] is None or layout.grid[layout.axes[1]] == 1
+def factor_name(mode: int) -> str:
+    return "ABCDEFGHI"[mode]
 
 
-def mttkrp_programs(shape, rank_r: int) -> list:
-    """One deinsum program per mode: the MTTKRP of a ``shape`` tensor with rank-``rank_r`` factors."""
+def sweep_plan(shape, rank_r: int, nprocs: int) -> deinsum.SequencePlan:
+    """The MTTKRPs of one sweep, planned together: ``A = MTTKRP(X, B, C)``, ``B = MTTKRP(X, A, C)``, ..."""
     order = len(shape)
-    pins = {k: "even" for k in range(order)} | {"out": "even"}   # X, factors and results in the even layout
-    return [deinsum.compile(mttkrp_equation(n, order), shape, *[(shape[m], rank_r) for m in range(order) if m != n],
-                            layouts=pins) for n in range(order)]
+    steps = [(mttkrp_equation(n, order), ("X",) + tuple(factor_name(m) for m in range(order) if m != n),
+              factor_name(n)) for n in range(order)]
+    shapes = {"X": tuple(shape)} | {factor_name(n): (shape[n], rank_r) for n in range(order)}
+    return deinsum.plan_sequence(steps, shapes, nprocs)
 
 
-def cp_als_deinsum(comm, progs, X_block: np.ndarray, factors, iters: int):
-    """Distributed CP-ALS from this rank's block of X: (fits, which factors stayed distributed)."""
-    order, P, rank = len(factors), comm.size, comm.rank
-    plans = [p.plan(nprocs=P, inputs="local", result="distributed") for p in progs]
-    # the entry layout of each factor (the same in every program that reads it) and whether it can stay distributed
-    entry = {m: plan.entry[1 + [k for k in range(order) if k != n].index(m)]
-             for n, plan in enumerate(plans) for m in range(order) if m != n}
-    stays = [holds_whole_rows(plans[n].exit) and plans[n].exit == entry[n] for n in range(order)]
-    local = [f[entry[m].block(rank)] for m, f in enumerate(factors)]
-    grams = [f.T @ f for f in factors]
-    norm_x2 = comm.allreduce(float(np.sum(X_block * X_block)))
-    fits = []
+def cp_als_deinsum(sweep: deinsum.SequencePlan, X: deinsum.DistributedArray, factors, iters: int):
+    """Distributed CP-ALS: (fits, per iteration the bytes this rank received and whether every call
+    matched the model and left X in place)."""
+    comm = X.comm
+    tensors = {"X": X} | {name: deinsum.DistributedArray.from_global(f, sweep.layouts[name], comm)
+                          for name, f in zip(map(factor_name, range(len(factors))), factors)}
+    grams = {name: tensors[name].gram() for name in map(factor_name, range(len(factors)))}
+    norm_x2 = X.norm() ** 2
+    fits, traffic = [], []
     for _ in range(iters):
-        for n in range(order):
-            others = [m for m in range(order) if m != n]
-            W = np.linalg.pinv(np.prod([grams[m] for m in others], axis=0))
-            operands = [X_block] + [local[m] for m in others]
-            if stays[n]:
-                M = progs[n](*operands, comm=comm, inputs="local", result="distributed").local
-                local[n] = M @ W
-                grams[n] = comm.allreduce(local[n].T @ local[n])
-                inner = comm.allreduce(float(np.sum(M * local[n])))
-            else:
-                M = progs[n](*operands, comm=comm, inputs="local", result="all")
-                A = M @ W
-                local[n] = A[entry[n].block(rank)]
-                grams[n] = A.T @ A
-                inner = float(np.sum(M * A))
-        fits.append(fit_of(norm_x2, inner, grams))
-    return fits, stays
+        received, exact = 0, True
+        for step, mttkrp in zip(sweep.steps, sweep.programs):
+            others = step.inputs[1:]
+            pinv = np.linalg.pinv(np.prod([grams[name] for name in others], axis=0))
+            moved, matched = run_step(step, mttkrp, tensors)
+            M = tensors[step.output]
+            tensors[step.output] = M.matmul(pinv)
+            grams[step.output] = tensors[step.output].gram()
+            received, exact = received + moved, exact and matched
+        fits.append(fit_of(norm_x2, M.vdot(tensors[step.output]), list(grams.values())))
+        traffic.append((received, exact))
+    return fits, traffic
 
 
 def main(argv=None) -> int:
@@ -114,24 +106,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     shape = tuple(args.shape)
-    X, start = problem(shape, args.rank, args.seed)   # a real application reads only its block
-    progs = mttkrp_programs(shape, args.rank)
-    x_layouts = {p.plan(nprocs=comm.size, inputs="local").entry[0] for p in progs}
-    X_block = np.ascontiguousarray(X[progs[0].input_blocks(comm.rank, comm.size)[0]])
-    fits, stays = cp_als_deinsum(comm, progs, X_block, start, args.iters)
-    runs = comm.gather(str(progs[0].last_run), root=0)
+    X_full, start = problem(shape, args.rank, args.seed)   # a real application reads only its block
+    sweep = sweep_plan(shape, args.rank, comm.size)
+    X = deinsum.DistributedArray.from_global(X_full, sweep.layouts["X"], comm)
+    fits, traffic = cp_als_deinsum(sweep, X, start, args.iters)
+    per_rank = comm.gather(traffic, root=0)
     status = 0
     if comm.rank == 0:
-        reference = cp_als_numpy(X, start, args.iters)
-        print(f"CP-ALS of a {'x'.join(map(str, shape))} tensor, rank {args.rank}, on {comm.size} rank(s); "
-              f"X's entry layout is the same in all {len(progs)} MTTKRPs: {len(x_layouts) == 1} "
-              f"(each rank keeps its block of grid {next(iter(x_layouts)).grid})")
-        for n, kept in enumerate(stays):
-            print(f"  factor {n} ({shape[n]}x{args.rank}): "
-                  + ("stays distributed (result layout = entry layout, whole rows)" if kept
-                     else "gathered after its MTTKRP (its result layout splits columns or differs)"))
-        status = report_fits(fits, reference)
-        print("last mode-0 MTTKRP per rank:", *runs, sep="\n  ")
+        reference = cp_als_numpy(X_full, start, args.iters)
+        print(f"CP-ALS of a {'x'.join(map(str, shape))} tensor, rank {args.rank}, on {comm.size} rank(s)")
+        print(sweep)
+        status = report_traffic(per_rank) | report_fits(fits, reference)
     return comm.bcast(status, root=0)
 
 

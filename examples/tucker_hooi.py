@@ -1,15 +1,13 @@
-"""Tucker decomposition by HOOI with every TTMc through deinsum; X and each TTMc result stay distributed.
+"""Tucker decomposition by HOOI on distributed arrays: X and each TTMc result never leave their blocks.
 
-Each rank keeps only its even block of the tensor X for the whole run. For mode
-n the TTMc ``Y = X x_{m != n} U_m^T`` is a deinsum program whose result stays
-distributed, and its block feeds the next program, the Gram ``Y_(n) Y_(n)^T``,
-directly: that program's entry layout for Y is Y's exit layout (checked). The
-small Gram matrix comes back on every rank (``result="all"``); rank 0 takes its
-leading eigenvectors as the new factor U_n and broadcasts it. Factors are small
-and replicated; each call slices its blocks from them. The core
-``G = Y_N x_N U_N^T`` reuses the last TTMc result the same way, and the fit
-``1 - sqrt(||X||^2 - ||G||^2) / ||X||`` of every sweep is checked against a numpy
-HOOI on the same data and start.
+One sweep is planned as a sequence (``deinsum.plan_sequence``): for each mode n
+the TTMc ``Y_n = X x_{m != n} U_m^T``, then the Gram ``Y_(n) Y_(n)^T`` read
+straight from where the TTMc left ``Y_n``; the core ``G = Y_N x_N U_N^T`` reuses
+the last TTMc result. X gets one home for the whole run; the factors are small
+and replicated (plain numpy arrays beside the distributed ones). Every
+iteration prints the bytes each rank moved next to the plan's model, and the
+fit ``1 - sqrt(||X||^2 - ||G||^2) / ||X||`` of every sweep is checked against a
+numpy HOOI on the same data and start.
 
     mpiexec -n 4 python -m mpi4py examples/tucker_hooi.py --shape 40 36 32 --ranks 5 4 3 --iters 5
 """
@@ -17,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
 import deinsum
-from fit_check import report_fits
+from fit_check import report_fits, report_traffic, run_step
 
 TENSOR, CORE, GRAM = "ijklm", "abcde", "z"
 
@@ -83,64 +80,38 @@ def hooi_numpy(X: np.ndarray, start, iters: int) -> list[float]:
     return fits
 
 
-def operand_shapes(equation: str, size: dict[str, int]) -> list[tuple[int, ...]]:
-    return [tuple(size[c] for c in term) for term in equation.split("->")[0].split(",")]
-
-
-@dataclass(frozen=True)
-class HOOIPrograms:
-    """The deinsum programs of HOOI: one TTMc and one Gram per mode, and the core."""
-
-    ttmc: list
-    gram: list
-    core: object
-
-
-def hooi_programs(shape, ranks) -> HOOIPrograms:
+def sweep_plan(shape, ranks, nprocs: int) -> deinsum.SequencePlan:
+    """TTMc and Gram per mode, then the core, with X placed once and the factors ``U0, U1, ...`` replicated."""
     order = len(shape)
-    size = dict(zip(TENSOR, shape)) | dict(zip(CORE, ranks))
-
-    def program(equation: str, result_even: bool = False, **extra: int):
-        # every input pinned to the fixed even layout (and the TTMc results, which the others read)
-        pins = {n: "even" for n in range(equation.count(",") + 1)} | ({"out": "even"} if result_even else {})
-        return deinsum.compile(equation, *operand_shapes(equation, size | extra), layouts=pins)
-
-    return HOOIPrograms([program(ttmc_equation(n, order), result_even=True) for n in range(order)],
-                        [program(gram_equation(n, order), **{GRAM: shape[n]}) for n in range(order)],
-                        program(core_equation(order)))
+    steps = []
+    for n in range(order):
+        steps.append((ttmc_equation(n, order), ("X",) + tuple(f"U{m}" for m in range(order) if m != n), f"Y{n}"))
+        steps.append((gram_equation(n, order), (f"Y{n}", f"Y{n}"), f"G{n}"))
+    steps.append((core_equation(order), (f"Y{order - 1}", f"U{order - 1}"), "core"))
+    shapes = {"X": tuple(shape)} | {f"U{m}": (shape[m], ranks[m]) for m in range(order)}
+    return deinsum.plan_sequence(steps, shapes, nprocs, layouts={f"U{m}": "replicated" for m in range(order)})
 
 
-def check_results_feed_on(progs: HOOIPrograms, nprocs: int) -> None:
-    """Raise unless each TTMc result's layout is the entry layout of the programs that read it."""
-    def plan(prog):
-        return prog.plan(nprocs=nprocs, inputs="local", result="distributed")
-
-    last = len(progs.ttmc) - 1
-    for n, ttmc in enumerate(progs.ttmc):
-        readers = list(plan(progs.gram[n]).entry) + ([plan(progs.core).entry[0]] if n == last else [])
-        if any(layout != plan(ttmc).exit for layout in readers):
-            raise RuntimeError(f"mode {n}: the TTMc result's layout differs from its readers' entry layout")
-
-
-def hooi_deinsum(comm, progs: HOOIPrograms, X_block: np.ndarray, start, iters: int) -> list[float]:
-    """Distributed HOOI from this rank's block of X: the fit after every sweep."""
-    order, P, rank = len(start), comm.size, comm.rank
-    check_results_feed_on(progs, P)
-    factors = [u.copy() for u in start]
-    norm_x2 = comm.allreduce(float(np.sum(X_block * X_block)))
-    fits = []
+def hooi_deinsum(sweep: deinsum.SequencePlan, X: deinsum.DistributedArray, start, iters: int):
+    """Distributed HOOI: (fits, per iteration the bytes this rank received and whether every call matched
+    the model and left X in place)."""
+    comm = X.comm
+    tensors = {f"U{m}": u.copy() for m, u in enumerate(start)} | {"X": X}
+    norm_x2 = X.norm() ** 2
+    fits, traffic = [], []
     for _ in range(iters):
-        for n in range(order):
-            others = [m for m in range(order) if m != n]
-            blocks = progs.ttmc[n].input_blocks(rank, P)
-            operands = [X_block] + [factors[m][b] for m, b in zip(others, blocks[1:])]
-            Y = progs.ttmc[n](*operands, comm=comm, inputs="local", result="distributed")
-            gram = progs.gram[n](Y.local, Y.local, comm=comm, inputs="local", result="all")
-            factors[n] = comm.bcast(leading_vectors(gram, start[n].shape[1]) if rank == 0 else None, root=0)
-        last = progs.core.input_blocks(rank, P)[1]
-        core = progs.core(Y.local, factors[-1][last], comm=comm, inputs="local", result="all")
-        fits.append(fit_of(norm_x2, core))
-    return fits
+        received, exact = 0, True
+        for step, program in zip(sweep.steps, sweep.programs):
+            moved, matched = run_step(step, program, tensors)
+            received, exact = received + moved, exact and matched
+            if step.output.startswith("G"):       # the new factor: leading eigenvectors of the Gram matrix
+                n = int(step.output[1:])
+                gram = tensors[step.output].gather()
+                tensors[f"U{n}"] = comm.bcast(leading_vectors(gram, start[n].shape[1]) if comm.rank == 0
+                                              else None, root=0)
+        fits.append(fit_of(norm_x2, tensors["core"].gather()))
+        traffic.append((received, exact))
+    return fits, traffic
 
 
 def main(argv=None) -> int:
@@ -154,20 +125,17 @@ def main(argv=None) -> int:
         ap.error(f"--shape and --ranks need the same length, 2 to {len(TENSOR)}")
     comm = MPI.COMM_WORLD
     shape, ranks = tuple(args.shape), tuple(args.ranks)
-    X, start = problem(shape, ranks, args.seed)   # a real application reads only its block
-    start = comm.bcast(start if comm.rank == 0 else None, root=0)
-    progs = hooi_programs(shape, ranks)
-    X_block = np.ascontiguousarray(X[progs.ttmc[0].input_blocks(comm.rank, comm.size)[0]])
-    fits = hooi_deinsum(comm, progs, X_block, start, args.iters)
+    X_full, start = problem(shape, ranks, args.seed)   # a real application reads only its block
+    sweep = sweep_plan(shape, ranks, comm.size)
+    X = deinsum.DistributedArray.from_global(X_full, sweep.layouts["X"], comm)
+    fits, traffic = hooi_deinsum(sweep, X, start, args.iters)
+    per_rank = comm.gather(traffic, root=0)
     status = 0
     if comm.rank == 0:
-        reference = hooi_numpy(X, start, args.iters)
-        print(f"HOOI of a {'x'.join(map(str, shape))} tensor, ranks {ranks}, on {comm.size} rank(s); X, each "
-              f"TTMc result and the core's input stay distributed; factors (small) are replicated")
-        for n in range(len(shape)):
-            print(f"  mode {n}: TTMc {ttmc_equation(n, len(shape))} -> Gram {gram_equation(n, len(shape))}")
-        print(f"  core: {core_equation(len(shape))}")
-        status = report_fits(fits, reference)
+        reference = hooi_numpy(X_full, start, args.iters)
+        print(f"HOOI of a {'x'.join(map(str, shape))} tensor, ranks {ranks}, on {comm.size} rank(s)")
+        print(sweep)
+        status = report_traffic(per_rank) | report_fits(fits, reference)
     return comm.bcast(status, root=0)
 
 

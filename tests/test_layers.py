@@ -25,7 +25,9 @@ LAYERS = [
     ["deinsum.schedule"],                    # typed schedule entries
     ["deinsum.plan"],                        # the one immutable Plan
     ["deinsum.codegen", "deinsum.footprint"],  # the runtime modules, the emitter, the plan's peak memory
+    ["deinsum.darray"],                      # distributed arrays (layouts + the exchange)
     ["deinsum.program"],                     # the compiled program
+    ["deinsum.sequence"],                    # plans for a repeated sequence of programs
     ["deinsum", "deinsum.cli"],              # the API and the command line
 ]
 

@@ -78,29 +78,6 @@ def test_matrix_multiply_moves_no_more_than_cosma(nprocs, fraction):
     assert busiest(plan) <= fraction * 4096 ** 2
 
 
-SWEEP = {3: ((244377, 415969, 647443, 881280), MTTKRP3), 5: ((41735, 62550, 97282, 115059), ORDER5)}
-
-
-@pytest.mark.parametrize("nprocs", [8, 64, pytest.param(512, marks=pytest.mark.slow),
-                                    pytest.param(4096, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("order", [3, 5])
-def test_cp_als_sweep_keeps_x_in_one_layout(order, nprocs):
-    """Every mode's MTTKRP with X pinned where mode 0 placed it: X never moves, the sweep's traffic is
-    within 10% of the per-sweep construction (Gram allreduces apart)."""
-    figures, sizes_at = SWEEP[order]
-    i, r = sizes_at[nprocs]
-    sizes = dict.fromkeys("ijklm"[:order], i) | {"a": r}
-    x_layout, total = None, 0
-    for n in range(order):
-        idx = "ijklm"[:order]
-        eq = idx + "," + ",".join(c + "a" for m, c in enumerate(idx) if m != n) + "->" + idx[n] + "a"
-        plan = fair_plan(eq, sizes, nprocs, layouts={} if x_layout is None else {0: x_layout})
-        x_layout = x_layout or plan.entry[0]
-        assert plan.entry[0] == x_layout and "in0" not in {m.tensor for m in plan.moves}
-        total += busiest(plan)
-    assert total <= 1.10 * figures[PROCS.index(nprocs)]
-
-
 def scored(plan):
     return [(partition, words) for partition, _, words in plan.bound.candidates if words is not None]
 
@@ -154,7 +131,7 @@ def test_pinned_layouts_are_kept_and_their_conversion_reported():
     assert busiest(fair_plan(eq, sizes, 8)) <= busiest(plan)
     with pytest.raises(DeinsumError, match="'in7' is not a tensor"):
         fair_plan(eq, sizes, 8, layouts={"in7": "even"})
-    with pytest.raises(DeinsumError, match="does not fit shape"):
+    with pytest.raises(DeinsumError, match="is for shape"):
         fair_plan(eq, sizes, 8, layouts={0: Layout.even((4, 4), 8)})
 
 

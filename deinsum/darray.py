@@ -1,0 +1,289 @@
+"""Distributed arrays: a tensor that stays block-distributed across einsums.
+
+A :class:`DistributedArray` is this rank's block of a global tensor, the
+tensor's :class:`~deinsum.layout.Layout` (which grid dimension splits which
+axis; replication; ranks holding nothing) and the communicator. Compiled
+programs and :func:`deinsum.einsum` take them as inputs (their layouts are
+pinned start layouts: no move where they already fit the plan) and return
+them. Everything here is collective: every rank of the communicator calls it
+with the same arguments, and an error on one rank is the same one-line
+:class:`~deinsum.errors.DeinsumError` on all of them.
+
+Layouts are written as a :class:`~deinsum.layout.Layout`, a mode name
+(``"even"``, ``"replicated"``, ``"root"``) or a short ``PartitionSpec``-like text:
+the grid, then per tensor axis the grid dimension(s) that split it (``-`` for
+none, ``1.0`` for nested)::
+
+    "2x3: 0, -"        rows split in 2, columns whole, each block on 3 ranks
+    "2x2x2: 0.2, 1"    rows split by grid dims 0 then 2, columns by dim 1
+
+>>> import numpy as np
+>>> from mpi4py import MPI
+>>> x = DistributedArray.from_global(np.arange(12.0).reshape(3, 4), "even", MPI.COMM_SELF)
+>>> x.shape, x.local.shape, x.dtype.name
+((3, 4), (3, 4), 'float64')
+>>> bool(np.array_equal(x.redistribute("1: -, 0").gather(), np.arange(12.0).reshape(3, 4)))
+True
+>>> round(x.norm() ** 2)
+506
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from .codegen.checks import agree, collectively
+from .codegen.exchange import exchange
+from .errors import DeinsumError
+from .layout import Layout
+from .plan import pin_layout
+from .schedule import Move
+
+__all__ = ["DistributedArray", "as_layout"]
+
+
+def _world(comm):
+    from mpi4py import MPI
+    return MPI.COMM_WORLD if comm is None else comm
+
+
+def as_layout(spec, shape, nprocs: int, what: str = "array") -> Layout:
+    """``spec`` (Layout, mode name or ``"2x3: 0, -"`` text) as a Layout of ``shape`` on ``nprocs`` ranks.
+
+    >>> as_layout("2x2: 1, 0", (4, 6), 4).axes
+    (1, 0)
+    >>> as_layout("4x1: 0, -", (4, 6), 2)
+    Traceback (most recent call last):
+    ...
+    deinsum.errors.DeinsumError: layout of array: grid (4, 1) needs 4 ranks, only 2 given
+    """
+    return pin_layout(spec, tuple(shape), nprocs, what)
+
+
+class DistributedArray:
+    """This rank's ``local`` block (None where it holds nothing) of a global tensor laid out by ``layout``
+    on ``comm``. Build one with :meth:`from_global`, :meth:`scatter`, :meth:`from_blocks` or :meth:`full` (also empty);
+    the constructor itself trusts its arguments."""
+
+    __slots__ = ("local", "layout", "comm", "dtype")
+
+    def __init__(self, local: np.ndarray | None, layout: Layout, comm, dtype=None):
+        self.local, self.layout, self.comm = local, layout, comm
+        self.dtype = np.dtype(dtype if dtype is not None else local.dtype)
+
+    # ---- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_global(cls, array, layout="even", comm=None) -> DistributedArray:
+        """Every rank passes the whole ``array``; each keeps its block of ``layout``."""
+        comm = _world(comm)
+        array = np.asarray(array)
+        layout = collectively(comm, as_layout, layout, array.shape, comm.size, error=DeinsumError)
+        agree(comm, {"shape": array.shape, "dtype": array.dtype.str, "layout": layout}, error=DeinsumError)
+        block = layout.block(comm.rank)
+        return cls(None if block is None else array[block].copy(), layout, comm, array.dtype)
+
+    @classmethod
+    def scatter(cls, array, layout="even", comm=None) -> DistributedArray:
+        """Rank 0 passes the whole ``array`` (the others None); each rank gets its block of ``layout``."""
+        comm = _world(comm)
+        facts = None if comm.rank else (np.shape(array), np.asarray(array).dtype.str)
+        shape, dtype = comm.bcast(facts, root=0)
+        layout = collectively(comm, as_layout, layout, shape, comm.size, error=DeinsumError)
+        root = cls(np.asarray(array, dtype=dtype) if comm.rank == 0 else None,
+                   Layout.on_root(shape, comm.size), comm, dtype)
+        return root.redistribute(layout)
+
+    @classmethod
+    def from_blocks(cls, block, shape, layout, comm=None) -> DistributedArray:
+        """Each rank passes its own ``block`` of the global ``shape`` under ``layout`` (None or an empty
+        array where it holds nothing); every rank checks its block's shape, and all agree on the rest."""
+        comm = _world(comm)
+        shape = tuple(int(n) for n in shape)
+
+        def check():
+            lay = as_layout(layout, shape, comm.size)
+            want = lay.local_shape(comm.rank)
+            got = None if block is None else np.shape(block)
+            if want is None and (got is None or math.prod(got) == 0):
+                return lay, None
+            if got != want:
+                raise DeinsumError(f"block of shape {got}, layout {lay.spec()} gives this rank {want}")
+            return lay, np.asarray(block)
+
+        lay, local = collectively(comm, check, error=DeinsumError)
+        dtypes = comm.allgather(None if local is None else local.dtype.str)
+        kinds = {d for d in dtypes if d is not None}
+        dtype = np.dtype(kinds.pop()) if len(kinds) == 1 else None
+        if dtype is None:
+            raise DeinsumError(f"blocks of dtypes {sorted(kinds) or 'none (no rank holds a block)'}: "
+                               f"expected one dtype")
+        agree(comm, {"shape": shape, "layout": lay}, error=DeinsumError)
+        return cls(local, lay, comm, dtype)
+
+    @classmethod
+    def full(cls, shape, fill, layout="even", dtype=np.float64, comm=None) -> DistributedArray:
+        """A tensor of ``shape`` filled with ``fill`` under ``layout`` (``fill=0`` for zeros; ``fill=None``
+        leaves the blocks uninitialised, like ``numpy.empty``)."""
+        comm = _world(comm)
+        shape = tuple(int(n) for n in shape)
+        lay = collectively(comm, as_layout, layout, shape, comm.size, error=DeinsumError)
+        agree(comm, {"shape": shape, "layout": lay, "dtype": np.dtype(dtype).str, "fill": fill},
+              error=DeinsumError)
+        want = lay.local_shape(comm.rank)
+        block = None if want is None else np.empty(want, dtype=dtype) if fill is None else np.full(want, fill, dtype)
+        return cls(block, lay, comm, dtype)
+
+    def with_local(self, local: np.ndarray | None, shape=None) -> DistributedArray:
+        """The same distribution with new blocks (a local computation that keeps block boundaries);
+        ``shape`` is the new global shape where the last axis changed length (it must then be whole)."""
+        layout = self.layout
+        if shape is not None and tuple(shape) != layout.shape:
+            if len(shape) != self.ndim or tuple(shape[:-1]) != layout.shape[:-1] or layout.axes[-1] is not None:
+                raise DeinsumError(f"with_local: new shape {tuple(shape)} from {layout.shape} under {layout.spec()}: "
+                                   f"only an unsplit last axis may change length")
+            layout = Layout(tuple(shape), layout.grid, layout.axes, layout.partial)
+        return DistributedArray(local, layout, self.comm, None if local is not None else self.dtype)
+
+    # ---- what it is -----------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.layout.shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self.layout.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.layout.shape)
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def block(self) -> tuple[slice, ...] | None:
+        """This rank's slice of the global tensor (None where it holds nothing)."""
+        return self.layout.block(self.comm.rank)
+
+    @property
+    def owns(self) -> bool:
+        """Whether this rank's block is the first copy of its piece (sums count each element once)."""
+        coords = self.layout.coords(self.comm.rank)
+        return coords is not None and not self.layout.partial and all(coords[g] == 0
+                                                                      for g in self.layout.replicated_dims)
+
+    def __repr__(self) -> str:
+        shape = "x".join(map(str, self.shape)) or "scalar"
+        return f"DistributedArray({shape} {self.dtype.name}, {self.layout.spec()}, {self.comm.size} ranks)"
+
+    def visualize(self) -> str:
+        """Who holds what, one line per distinct block (like JAX's ``visualize_sharding``, in text).
+
+        >>> from mpi4py import MPI
+        >>> print(DistributedArray.full((5, 4), 0, "1x1: 0, 1", comm=MPI.COMM_SELF).visualize())
+        DistributedArray(5x4 float64, 1x1: 0, 1, 1 ranks)
+          [0:5, 0:4]  5x4  rank 0
+        """
+        lo, hi = self.layout.boxes(self.comm.size)
+        holders: dict = {}
+        for r in range(min(self.layout.nranks, self.comm.size)):
+            holders.setdefault((tuple(lo[r]), tuple(hi[r])), []).append(r)
+        lines = [repr(self)]
+        for (a, b), ranks in holders.items():
+            box = ", ".join(f"{s}:{e}" for s, e in zip(a, b)) or "scalar"
+            extent = "x".join(str(e - s) for s, e in zip(a, b)) or "1"
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+            lines.append(f"  [{box}]  {extent}  {who}")
+        idle = self.comm.size - self.layout.nranks
+        if idle > 0:
+            lines.append(f"  nothing on rank(s) {self.layout.nranks}..{self.comm.size - 1}")
+        return "\n".join(lines)
+
+    # ---- moving ---------------------------------------------------------------------------------
+    def redistribute(self, layout) -> DistributedArray:
+        """The same tensor under ``layout`` (partial sums, if any, added on the way)."""
+        dst = collectively(self.comm, as_layout, layout, self.shape, self.comm.size, error=DeinsumError)
+        if dst == self.layout:
+            return self
+        move = Move("array", "redistribute", self.layout, dst, self.comm.size)
+        local = exchange(self.comm, move.table(self.comm.rank), self.local, self.dtype)
+        return DistributedArray(local, dst, self.comm, self.dtype)
+
+    def gather(self, root: int | None = None) -> np.ndarray | None:
+        """The whole tensor on every rank (``root=None``) or on ``root`` only (None elsewhere)."""
+        comm = self.comm
+        if root is None:
+            return self.redistribute(Layout.replicated(self.shape, comm.size)).local
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < comm.size:
+            raise DeinsumError(f"gather: root {root!r} is not a rank of a communicator of {comm.size}")
+        whole = self.redistribute(Layout.on_root(self.shape, comm.size)).local
+        if root != 0:      # the root's copy comes from rank 0, point to point
+            if comm.rank == 0:
+                comm.Send(np.ascontiguousarray(whole), dest=root)
+            whole = None
+            if comm.rank == root:
+                whole = np.empty(self.shape, dtype=self.dtype)
+                comm.Recv(whole, source=0)
+        return whole
+
+    # ---- just enough local algebra --------------------------------------------------------------
+    def rows(self) -> DistributedArray:
+        """This tensor with its last axis whole (all-gathered inside the groups that split it)."""
+        if self.layout.axes[-1] is None and not self.layout.partial:
+            return self
+        axes = self.layout.axes[:-1] + (None,)
+        return self.redistribute(Layout(self.shape, self.layout.grid, axes))
+
+    def matmul(self, matrix: np.ndarray) -> DistributedArray:
+        """``A @ matrix`` with a small ``matrix`` every rank holds (e.g. a CP-ALS update ``M pinv(V)``):
+        the last axis is gathered where split, multiplied locally, and the result keeps ``A``'s layout."""
+        matrix = np.asarray(matrix)
+        if matrix.ndim != 2 or matrix.shape[0] != self.shape[-1]:
+            raise DeinsumError(f"matmul: {self.shape} @ {matrix.shape}: the matrix must be "
+                               f"({self.shape[-1]}, n)")
+        whole = self.rows()
+        local = None if whole.local is None else whole.local @ matrix
+        out = whole.with_local(local, self.shape[:-1] + (matrix.shape[1],))
+        if self.layout.axes[-1] is None:
+            return out
+        axes = self.layout.axes
+        return out.redistribute(Layout(out.shape, self.layout.grid, axes))
+
+    def gram(self) -> np.ndarray:
+        """``A^T A`` over every axis but the last (``A_(n)`` unfolded), on every rank: one allreduce."""
+        whole = self.rows()
+        n = self.shape[-1]
+        part = np.zeros((n, n), dtype=np.result_type(self.dtype, np.float32))
+        if whole.owns:
+            flat = whole.local.reshape(-1, n)
+            part = flat.conj().T @ flat
+        return self._allreduce(part)
+
+    def vdot(self, other: DistributedArray) -> complex | float:
+        """``sum(conj(A) * B)`` on every rank (``B`` moved to ``A``'s layout first if it differs)."""
+        if not isinstance(other, DistributedArray) or other.shape != self.shape:
+            raise DeinsumError(f"vdot: expected a DistributedArray of shape {self.shape}")
+        other = other.redistribute(self.layout)
+        part = np.vdot(self.local, other.local) if self.owns else 0.0
+        return self._allreduce(np.asarray(part))[()]
+
+    def norm(self) -> float:
+        """The Frobenius norm, on every rank."""
+        part = float(np.vdot(self.local, self.local).real) if self.owns else 0.0
+        return float(np.sqrt(self._allreduce(np.asarray(part))))
+
+    def map_blocks(self, function: Callable[[np.ndarray], np.ndarray]) -> DistributedArray:
+        """``function`` applied to every block (element-wise work that keeps shapes)."""
+        local = None if self.local is None else np.asarray(function(self.local))
+        if local is not None and local.shape != self.local.shape:
+            raise DeinsumError(f"map_blocks: the function changed a block's shape {self.local.shape} -> {local.shape}")
+        return DistributedArray(local, self.layout, self.comm, None if local is not None else self.dtype)
+
+    def _allreduce(self, part: np.ndarray) -> np.ndarray:
+        from mpi4py import MPI
+        total = np.empty_like(part)
+        self.comm.Allreduce(np.ascontiguousarray(part), total, op=MPI.SUM)
+        return total
