@@ -71,7 +71,8 @@ def _program(args, nprocs=None):
     from . import compile as compile_einsum
     shapes = shapes_from_sizes(args.equation, parse_sizes(args.size)) if args.size else []
     return compile_einsum(args.equation, *shapes, nprocs=nprocs, dtype=args.dtype, memory=args.memory,
-                          inputs=args.inputs, result=args.result, layouts=parse_layouts(args.layout))
+                          inputs=args.inputs, result=args.result, layouts=parse_layouts(args.layout),
+                          device=getattr(args, "device", "cpu"))
 
 
 def parse_layouts(options: list[str]) -> dict[str, str]:
@@ -165,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON data")
     e = command("emit", cmd_emit, "write a standalone mpi4py program", ("-P", "--nprocs"), True)
     e.add_argument("-o", "--script", required=True, help="the program file to write")
+    e.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="gpu: the program also carries the GPU path and takes --device gpu (CuPy on the cluster)")
     r = command("run", cmd_run, "emit the program and run it under mpiexec", ("-n", "--nprocs"), True)
     r.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0")
     r.add_argument("--repeat", type=int, default=3, help="runs to time (median [min, max])")

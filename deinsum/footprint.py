@@ -38,36 +38,54 @@ from .errors import DeinsumError
 SLACK = 2**20
 
 
-def _words(layout, nprocs: int) -> np.ndarray:
-    """Elements of ``layout``'s block on every rank (0 where it holds none)."""
-    lo, hi = layout.boxes(nprocs)
-    return np.prod(hi - lo, axis=1, dtype=np.int64)
+def footprint_terms(plan) -> tuple:
+    """The plan's peak as layouts, ``(held, transients)``: the sum of the ``held`` terms plus the largest sum of
+    one tuple of ``transients``, each term ``(layout, per_word, per_holder)`` counting ``per_word`` words per
+    element of the layout's block and ``per_holder`` words where the rank holds a block (see
+    :func:`peak_bytes`). Small (a few terms per move and step), so emitted scripts carry it."""
+    d = plan.decomposition
+    sizes = d.sizes
+    volume = lambda sub: int(np.prod([sizes[c] for c in sub], dtype=np.int64))  # noqa: E731
+    held = [(layout, 1, 0) for layout in plan.entry]
+    for s in d.prepass:   # the caller keeps its raw operand; the pre-pass result comes on top
+        n = 0 if s.name == "out" else d.input_names.index(s.name)
+        held.append((plan.entry[n], 0, volume(s.output) if s.name == "out" else volume(d.raw_subscripts[n])))
+    transients = []
+    for m in plan.moves:
+        held.append((m.dst, 1, 0))
+        if m.src.partial:   # staged partial sums (<= one dst block per summand) and the copy that frees them
+            transients.append(((m.dst, m.src.n_summands, 0), (m.src, 2, 0)))
+    for g in plan.groups:
+        for s in g.steps:
+            held.append((g.grid.layout(s.output, sizes, partial=False), 1, 0))
+            transients.append(tuple((g.grid.layout(sub, sizes, partial=False), 1, 0) for sub in s.subscripts))
+    return tuple(held), tuple(transients)
+
+
+def peak_bytes(terms: tuple, ranks, itemsize: int) -> np.ndarray:
+    """Peak bytes of :func:`footprint_terms` ``terms`` at ``ranks`` for elements of ``itemsize`` bytes,
+    ``SLACK`` included; vectorised."""
+    ranks = np.asarray(ranks, dtype=np.int64)
+
+    def words(group):
+        total = np.zeros(ranks.size, dtype=np.int64)
+        for layout, per_word, per_holder in group:
+            lo, hi = layout.boxes_of(ranks)
+            total += per_word * np.prod(hi - lo, axis=1, dtype=np.int64) + per_holder * (ranks < layout.nranks)
+        return total
+
+    held, transients = terms
+    transient = np.zeros(ranks.size, dtype=np.int64)
+    for group in transients:
+        transient = np.maximum(transient, words(group))
+    return (words(held) + transient) * itemsize + SLACK
 
 
 @lru_cache(maxsize=128)
 def footprint(plan) -> np.ndarray:
     """Peak bytes per rank (an upper bound; see the module docstring), as an int64 array (cached: do not
     modify it)."""
-    d, P = plan.decomposition, plan.nprocs
-    sizes = d.sizes
-    volume = lambda sub: int(np.prod([sizes[c] for c in sub], dtype=np.int64))  # noqa: E731
-    held = sum((_words(layout, P) for layout in plan.entry), np.zeros(P, dtype=np.int64))
-    for s in d.prepass:   # the caller keeps its raw operand; the pre-pass result comes on top
-        n = 0 if s.name == "out" else d.input_names.index(s.name)
-        holds = np.arange(P) < plan.entry[n].nranks
-        held += holds * (volume(s.output) if s.name == "out" else volume(d.raw_subscripts[n]))
-    transient = np.zeros(P, dtype=np.int64)
-    for m in plan.moves:
-        dst = _words(m.dst, P)
-        held += dst
-        if m.src.partial:   # staged partial sums (<= one dst block per summand) and the copy that frees them
-            transient = np.maximum(transient, m.src.n_summands * dst + 2 * _words(m.src, P))
-    for g in plan.groups:
-        for s in g.steps:
-            held += _words(g.grid.layout(s.output, sizes, partial=False), P)
-            copies = sum(_words(g.grid.layout(sub, sizes, partial=False), P) for sub in s.subscripts)
-            transient = np.maximum(transient, copies)
-    return (held + transient) * plan.dtype.itemsize + SLACK
+    return peak_bytes(footprint_terms(plan), np.arange(plan.nprocs), plan.dtype.itemsize)
 
 
 def check_footprint(plan, limit: int | None = None) -> None:

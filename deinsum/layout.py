@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from deinsum.errors import DeinsumError
+from .errors import DeinsumError
 
 __all__ = ["block_bounds", "block_range", "nested_bounds", "balanced_split", "factorisations", "Layout",
            "check_count"]
@@ -350,13 +350,29 @@ class Layout:
 
     def summand_index(self, ranks: np.ndarray) -> np.ndarray:
         """Per rank, which of the partial sums it holds: C-order rank of its coordinates over ``partial``."""
+        return self._index_over(sorted(self.partial), ranks)
+
+    @property
+    def n_replicas(self) -> int:
+        """Number of ranks that hold each block and summand: ``prod`` of the replicated grid dimensions."""
+        return math.prod(self.grid[g] for g in self.replicated_dims)
+
+    def replica_index(self, ranks: np.ndarray) -> np.ndarray:
+        """Per rank, which copy of its block and summand it holds: C-order rank of its coordinates over
+        :attr:`replicated_dims` (0 where it holds nothing).
+
+        >>> Layout((5, 7), grid=(2, 3), axes=(0, None)).replica_index(np.arange(7)).tolist()
+        [0, 1, 2, 0, 1, 2, 0]
+        """
+        return self._index_over(self.replicated_dims, ranks)
+
+    def _index_over(self, dims, ranks: np.ndarray) -> np.ndarray:
         ranks = np.asarray(ranks, dtype=np.int64)
         held = ranks < self.nranks
-        if not self.partial:
+        if not dims:
             return np.zeros(ranks.size, dtype=np.int64)
         coords = grid_coords(self.grid, np.where(held, ranks, 0))
-        dims = sorted(self.partial)
-        return np.ravel_multi_index(tuple(coords[:, dims].T), [self.grid[g] for g in dims]) * held
+        return np.ravel_multi_index(tuple(coords[:, list(dims)].T), [self.grid[g] for g in dims]) * held
 
     def largest_block(self) -> int:
         """Words in the largest block (the block of rank 0 under balanced splits)."""

@@ -206,14 +206,15 @@ class Program:
     def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None, inputs: str | None = None,
                   result: str | None = None) -> Path:
         """Write a standalone mpi4py program; atomic write. Its inputs start (and its result ends) as
-        ``inputs`` and ``result`` say, by default as compiled: 'global' or 'root', 'all' or 'root'."""
+        ``inputs`` and ``result`` say, by default as compiled: 'global' or 'root', 'all' or 'root'. A program
+        compiled with ``device='gpu'`` also carries the GPU path (run it with ``--device gpu``)."""
         inputs, result = inputs or self.inputs, result or self.result
         if inputs not in SCRIPT_INPUTS or result not in SCRIPT_RESULTS:
             raise DeinsumError(f"inputs={inputs!r}, result={result!r}: an emitted script reads whole inputs and "
                                f"returns the whole result (inputs {' or '.join(SCRIPT_INPUTS)}, "
                                f"result {' or '.join(SCRIPT_RESULTS)})")
         check_output_path(path, DeinsumError)
-        text = generate(self.plan(nprocs=nprocs, dtype=dtype, inputs=inputs, result=result)).encode()
+        text = generate(self.plan(nprocs=nprocs, dtype=dtype, inputs=inputs, result=result), self.device).encode()
         write_atomically(path, lambda f: f.write(text))   # a unique temporary name: every rank may call it
         return Path(path)
 

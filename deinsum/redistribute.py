@@ -1,21 +1,22 @@
 """Plans for moving a tensor between layouts: who sends which subarray to whom.
 
-Pure planning (no MPI). A :class:`Redistribution` is built once from a source
-and a destination :class:`~deinsum.layout.Layout` and reused; its
-:meth:`~Redistribution.table` gives each rank plain integer tables that
-:func:`deinsum.codegen.exchange.exchange` executes with one ``Alltoallw`` per
-phase.
+Pure planning (no MPI; numpy and the standard library only, so emitted scripts
+carry it). :func:`rank_tables` gives one rank its own plain integer tables,
+which :class:`deinsum.codegen.exchange.Transfer` executes with one
+``Alltoallw`` per phase; every rank builds its own from the two layouts alone,
+at a cost of a few numpy passes over the ranks plus its own pieces.
 
-* Per tensor axis the two sorted boundary lists are intersected, so any sizes
-  (uneven blocks, more blocks than elements) are exact.
-* A piece a rank already holds is copied locally and costs nothing; other
-  pieces come from a replica chosen round-robin over the destinations that
-  need it, spreading the sending load.
+* A destination block is assembled from the boxes of the source blocks it
+  meets, so any sizes (uneven blocks, more blocks than elements) are exact.
+* A piece a rank already holds is copied locally and costs nothing; every other
+  piece comes from the replica whose index is the destination rank modulo the
+  number of replicas: both sides compute it locally, and it spreads the load.
 * A partial source is summed on the way (reduce-redistribute), either directly
   (every destination receives all summands) or via a reduce-scatter inside
   each group of summands followed by a plain redistribution, whichever the
   model says the busiest rank receives less from (an allreduce thus costs
-  ``2n(R-1)/R`` words per rank instead of ``n(R-1)``).
+  ``2n(R-1)/R`` words per rank instead of ``n(R-1)``). :func:`reduce_split` takes
+  that decision, once for all ranks.
 
 >>> plan = plan_redistribution(Layout.even((6, 4), 4), Layout.replicated((6, 4), 4), 4)
 >>> plan.words_received
@@ -27,33 +28,32 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from itertools import product
-from typing import Sequence
+from functools import cached_property, lru_cache
 
 import numpy as np
 
-from deinsum.errors import DeinsumError
-from deinsum.layout import Layout, balanced_split, block_range, nested_bounds
+from .errors import DeinsumError
+from .layout import Layout, balanced_split, block_range
 
-__all__ = ["Redistribution", "plan_redistribution", "received_words", "via_scatter", "sample_ranks", "scatter_split"]
+__all__ = ["Redistribution", "plan_redistribution", "rank_tables", "reduce_split", "received_words", "sent_words",
+           "via_scatter", "sample_ranks", "scatter_split", "table_words"]
 
 
 @dataclass(frozen=True, eq=False)
 class _Holdings:
-    """Who holds what at ``ranks``: the tensor cut into a product of per-axis intervals ("cells").
-
-    Rank ``ranks[k]`` (if ``held[k]``) holds cell ``cell[k]`` (indices into ``bounds``), the box
-    ``lo[k]:hi[k]``, of summand ``summand[k]`` (of ``n_summands`` partial sums); several ranks may
-    hold the same one.
+    """Who holds what at ``ranks``: rank ``ranks[k]`` (if ``held[k]``) holds the box ``lo[k]:hi[k]``, cell
+    ``cell[k]`` (per axis, which interval of the layout's boundaries) of summand ``summand[k]`` (of
+    ``n_summands`` partial sums), as copy ``replica[k]`` of ``n_replicas`` identical ones.
     """
 
-    bounds: tuple[tuple[int, ...], ...]
     cell: np.ndarray
     lo: np.ndarray
     hi: np.ndarray
     summand: np.ndarray
     held: np.ndarray
+    replica: np.ndarray
     n_summands: int
+    n_replicas: int
 
     def sizes(self) -> np.ndarray:
         """Words each rank holds (0 for ranks holding nothing)."""
@@ -62,10 +62,9 @@ class _Holdings:
 
 def _holdings(layout: Layout, ranks: np.ndarray) -> _Holdings:
     """Holdings of ``layout`` at ``ranks``: one cell per block, one summand per partial sum."""
-    bounds = tuple(layout.axis_bounds(x) for x in range(len(layout.shape)))
     lo, hi = layout.boxes_of(ranks)
-    return _Holdings(bounds, layout.block_index(ranks), lo, hi, layout.summand_index(ranks),
-                     ranks < layout.nranks, layout.n_summands)
+    return _Holdings(layout.block_index(ranks), lo, hi, layout.summand_index(ranks), ranks < layout.nranks,
+                     layout.replica_index(ranks), layout.n_summands, layout.n_replicas)
 
 
 def scatter_split(layout: Layout) -> tuple[int, ...]:
@@ -80,22 +79,20 @@ def scatter_split(layout: Layout) -> tuple[int, ...]:
     return balanced_split(largest, layout.n_summands)
 
 
-def _scattered(layout: Layout, ranks: np.ndarray) -> _Holdings:
+def _scattered(layout: Layout, ranks: np.ndarray, split: tuple[int, ...]) -> _Holdings:
     """Holdings after a reduce-scatter of partial ``layout`` inside each group of summands.
 
-    Every block is cut nested by :func:`scatter_split`; the rank holding summand
+    Every block is cut nested by ``split`` (:func:`scatter_split`); the rank holding summand
     ``k`` keeps the fully summed sub-block ``k`` (C order).
     """
     base = _holdings(layout, ranks)
-    split = scatter_split(layout)
-    bounds = tuple(nested_bounds(n, layout.axis_parts(x) + (p,)) for x, (n, p) in enumerate(zip(layout.shape, split)))
     sub = np.stack(np.unravel_index(base.summand, split), axis=1) if split else np.zeros((ranks.size, 0), np.int64)
     lo, hi = base.lo.copy(), base.hi.copy()
     for x, p in enumerate(split):
         start, stop = block_range(base.hi[:, x] - base.lo[:, x], p, sub[:, x])
         lo[:, x], hi[:, x] = (base.lo[:, x] + start) * base.held, (base.lo[:, x] + stop) * base.held
-    return _Holdings(bounds, base.cell * np.array(split, dtype=np.int64) + sub, lo, hi,
-                     np.zeros_like(base.summand), base.held, 1)
+    return _Holdings(base.cell * np.array(split, dtype=np.int64) + sub, lo, hi, np.zeros_like(base.summand),
+                     base.held, base.replica, 1, base.n_replicas)
 
 
 def _direct_words(src: _Holdings, dst: _Holdings) -> np.ndarray:
@@ -123,10 +120,20 @@ def via_scatter(src: Layout, dst: Layout, nprocs: int) -> bool:
     if src.n_summands == 1 or not src.shape:
         return False
     ranks = sample_ranks(nprocs)
-    start, end, middle = _holdings(src, ranks), _holdings(dst, ranks), _scattered(src, ranks)
+    start, end, middle = _holdings(src, ranks), _holdings(dst, ranks), _scattered(src, ranks, scatter_split(src))
     words = _direct_words(start, end)
     via = _direct_words(start, middle) + _direct_words(middle, end)
     return bool((via.max(), via.sum()) < (words.max(), words.sum()))
+
+
+def reduce_split(src: Layout, dst: Layout, nprocs: int) -> tuple[int, ...] | None:
+    """How the move from ``src`` to ``dst`` reduce-scatters first (:func:`scatter_split`), or None when it
+    goes directly (:func:`via_scatter`): the one global decision of a move, taken at plan time.
+
+    >>> reduce_split(Layout((8,), grid=(1, 4), axes=(0,), partial=(1,)), Layout((8,), grid=(1, 4), axes=(0,)), 4)
+    (4,)
+    """
+    return scatter_split(src) if via_scatter(src, dst, nprocs) else None
 
 
 def received_words(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray | None = None) -> np.ndarray:
@@ -142,8 +149,9 @@ def received_words(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray | No
     _check_pair(src, dst, nprocs)
     ranks = np.arange(nprocs) if ranks is None else np.asarray(ranks, dtype=np.int64)
     start, end = _holdings(src, ranks), _holdings(dst, ranks)
-    if via_scatter(src, dst, nprocs):
-        middle = _scattered(src, ranks)
+    split = reduce_split(src, dst, nprocs)
+    if split is not None:
+        middle = _scattered(src, ranks, split)
         return _direct_words(start, middle) + _direct_words(middle, end)
     return _direct_words(start, end)
 
@@ -160,53 +168,166 @@ def sample_ranks(nprocs: int, count: int = 64) -> np.ndarray:
     return np.unique(np.concatenate([(golden * nprocs).astype(np.int64), [nprocs - 1]]))
 
 
+def _check_rank(rank: int, nprocs: int) -> int:
+    if not 0 <= rank < nprocs:
+        raise DeinsumError(f"rank {rank} outside a redistribution on {nprocs} ranks")
+    return rank
+
+
+@lru_cache(maxsize=64)
+def _every(layout: Layout, nprocs: int) -> _Holdings:
+    """The holdings of every rank (cached: moves share layouts)."""
+    return _holdings(layout, np.arange(nprocs))
+
+
+@lru_cache(maxsize=32)
+def _phases(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | None) -> tuple:
+    """The (source, destination) holdings of every rank, per phase (cached: a move's ranks share them)."""
+    start, end = _every(src, nprocs), _every(dst, nprocs)
+    if split is None:
+        return ((start, end),)
+    middle = _scattered(src, np.arange(nprocs), split)
+    return (start, middle), (middle, end)
+
+
+def rank_tables(src: Layout, dst: Layout, nprocs: int, rank: int, split: tuple[int, ...] | None = None) -> tuple:
+    """Plain-int tables of ``rank`` for moving ``src`` to ``dst`` on ``nprocs`` ranks, one per phase:
+    directly (``split`` None) or a reduce-scatter cutting blocks by ``split`` first (:func:`reduce_split`).
+
+    A phase is ``(in_held, in_shape, out_held, out_shape, sends, recvs, ops)``, peers numbered in the
+    world: ``sends`` = ``((peer, starts, subsizes), ...)`` subarrays of the input block; ``recvs`` =
+    ``((peer, starts, subsizes, add), ...)``: ``add=0`` lands directly at ``starts`` of the output block,
+    ``add=1`` in staging; ``ops`` = ``((peer, add, from_starts, subsizes, to_starts), ...)`` run in order
+    after the exchange: copy (``add=0``) or add (``add=1``) a piece of the input block (``peer == rank``)
+    or of ``peer``'s staging into the output. Summands are combined in summand order on every
+    destination, so replicas get bit-identical sums.
+
+    >>> rank_tables(Layout.on_root((5,), 2), Layout.even((5,), 2), 2, 1)   # rank 1 receives 2 words from rank 0
+    ((0, (), 1, (2,), (), ((0, (0,), (2,), 0),), ()),)
+    """
+    _check_pair(src, dst, nprocs)
+    _check_rank(rank, nprocs)
+    return tuple(_rank_phase(a, b, rank) for a, b in _phases(src, dst, nprocs, split))
+
+
+def _rank_phase(src: _Holdings, dst: _Holdings, rank: int) -> tuple:
+    """``rank``'s table of one phase. A piece of key (cell, summand) that ``rank`` does not hold comes from
+    the holder of that key whose replica index is the destination's rank modulo the number of replicas."""
+    ranks = np.arange(src.held.size)
+    in_held, out_held = bool(src.held[rank]), bool(dst.held[rank])
+    # ranks whose source key (cell and summand) is this rank's own
+    same_key = in_held & src.held & (src.cell == src.cell[rank]).all(axis=1) & (src.summand == src.summand[rank])
+    sends, recvs, ops = [], [], []
+    if out_held:
+        lo, hi = np.maximum(src.lo, dst.lo[rank]), np.minimum(src.hi, dst.hi[rank])
+        chosen = src.held & (hi > lo).all(axis=1) & np.where(same_key, ranks == rank,
+                                                             src.replica == rank % src.n_replicas)
+        senders = np.flatnonzero(chosen)
+        order = np.lexsort((src.summand[senders],) + tuple(src.cell[senders].T[::-1]))
+        senders = senders[order]
+        pieces = zip(senders.tolist(), (hi[senders] - lo[senders]).tolist(), (lo[senders] - dst.lo[rank]).tolist(),
+                     (src.summand[senders] > 0).tolist())
+        for peer, size, at, add in pieces:
+            size, at, add = tuple(size), tuple(at), int(add)
+            if peer == rank:
+                ops.append((rank, add, tuple((lo[peer] - src.lo[rank]).tolist()), size, at))
+                continue
+            recvs.append((peer, at, size, add))
+            if add:
+                ops.append((peer, 1, (0,) * len(size), size, at))
+    if in_held:
+        lo, hi = np.maximum(dst.lo, src.lo[rank]), np.minimum(dst.hi, src.hi[rank])
+        to = dst.held & (hi > lo).all(axis=1) & ~same_key & (ranks % src.n_replicas == src.replica[rank])
+        to = np.flatnonzero(to)
+        sends = [(peer, tuple(start), tuple(size)) for peer, start, size in
+                 zip(to.tolist(), (lo[to] - src.lo[rank]).tolist(), (hi[to] - lo[to]).tolist())]
+    return (int(in_held), tuple((src.hi[rank] - src.lo[rank]).tolist()) if in_held else (),
+            int(out_held), tuple((dst.hi[rank] - dst.lo[rank]).tolist()) if out_held else (),
+            tuple(sends), tuple(sorted(recvs)), tuple(ops))
+
+
+def table_words(tables: tuple) -> tuple[int, int]:
+    """(words sent, words received) of one rank's tables (:func:`rank_tables`).
+
+    >>> table_words(rank_tables(Layout.on_root((5,), 2), Layout.even((5,), 2), 2, 0))
+    (2, 0)
+    """
+    return (sum(math.prod(size) for t in tables for _, _, size in t[4]),
+            sum(math.prod(size) for t in tables for _, _, size, _ in t[5]))
+
+
+def sent_words(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | None = None) -> np.ndarray:
+    """Modeled words each rank sends in :func:`rank_tables` ``(src, dst, nprocs, rank, split)``, every rank at
+    once: numpy over pairs of ranks (``nprocs ** 2``, in chunks), without building a table.
+
+    >>> sent_words(Layout.on_root((5,), 2), Layout.replicated((5,), 2), 2).tolist()   # a broadcast
+    [5, 0]
+    """
+    _check_pair(src, dst, nprocs)
+    sent = np.zeros(nprocs, dtype=np.int64)
+    for a, b in _phases(src, dst, nprocs, split):
+        senders, receivers = np.flatnonzero(a.held), np.flatnonzero(b.held)
+        step = max(1, 2**20 // max(1, receivers.size))
+        for first in range(0, senders.size, step):
+            s = senders[first:first + step, None]   # senders (rows) x receivers (columns), as in _rank_phase
+            other_key = (a.summand[receivers] != a.summand[s]) | ~a.held[receivers]
+            words = np.ones(other_key.shape, dtype=np.int64)
+            for x in range(a.lo.shape[1]):
+                words *= np.clip(np.minimum(b.hi[receivers, x], a.hi[s, x]) - np.maximum(b.lo[receivers, x], a.lo[s, x]),
+                                 0, None)
+                other_key |= a.cell[receivers, x] != a.cell[s, x]
+            to = other_key & (receivers % a.n_replicas == a.replica[s])
+            sent[senders[first:first + step]] += (words * to).sum(axis=1)
+    return sent
+
+
 @dataclass(frozen=True, eq=False)
 class Redistribution:
-    """A planned move of one tensor from layout ``src`` to ``dst`` on ``nprocs`` ranks.
+    """A planned move of one tensor from layout ``src`` to ``dst`` on ``nprocs`` ranks, through a
+    reduce-scatter that cuts blocks by ``split`` first unless it is None (:func:`reduce_split`).
 
-    ``words_sent[r]`` / ``words_received[r]`` are the modeled words rank ``r``
-    sends / receives (local copies excluded); :meth:`table` is what rank ``r``
-    executes, one ``Alltoallw`` per phase.
+    :meth:`table` is what rank ``r`` executes, one ``Alltoallw`` per phase (built on demand, per rank);
+    ``words_sent[r]`` / ``words_received[r]`` are the modeled words rank ``r`` sends / receives (local
+    copies excluded; :func:`sent_words`, :func:`received_words`), which the tables move exactly.
     """
 
     src: Layout
     dst: Layout
     nprocs: int
-    method: str
-    words_sent: tuple[int, ...] = field(repr=False)
-    words_received: tuple[int, ...] = field(repr=False)
-    _tables: tuple = field(repr=False)
+    split: tuple[int, ...] | None
+    _tables: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def method(self) -> str:
+        return "direct" if self.split is None else "reduce-scatter, then direct"
+
+    def table(self, rank: int) -> tuple:
+        """``rank``'s tables (:func:`rank_tables`)."""
+        _check_rank(rank, self.nprocs)
+        if rank not in self._tables:
+            self._tables[rank] = rank_tables(self.src, self.dst, self.nprocs, rank, self.split)
+        return self._tables[rank]
 
     def bytes_sent(self, rank: int, itemsize: int) -> int:
         """Modeled bytes ``rank`` sends for elements of ``itemsize`` bytes."""
-        return self.words_sent[self._rank(rank)] * itemsize
+        return self.words_sent[_check_rank(rank, self.nprocs)] * itemsize
 
     def bytes_received(self, rank: int, itemsize: int) -> int:
         """Modeled bytes ``rank`` receives for elements of ``itemsize`` bytes."""
-        return self.words_received[self._rank(rank)] * itemsize
+        return self.words_received[_check_rank(rank, self.nprocs)] * itemsize
+
+    @cached_property
+    def words_sent(self) -> tuple[int, ...]:
+        return tuple(sent_words(self.src, self.dst, self.nprocs, self.split).tolist())
+
+    @cached_property
+    def words_received(self) -> tuple[int, ...]:
+        return tuple(received_words(self.src, self.dst, self.nprocs).tolist())
 
     @property
     def max_words_received(self) -> int:
         """Words the busiest receiver gets."""
         return max(self.words_received)
-
-    def table(self, rank: int) -> tuple:
-        """Plain-int tables of ``rank``, one per phase, for :func:`deinsum.codegen.exchange.exchange`.
-
-        A phase is ``(in_held, in_shape, out_held, out_shape, sends, recvs, ops)``:
-        ``sends`` = ``((peer, starts, subsizes), ...)`` subarrays of the input
-        block; ``recvs`` = ``((peer, starts, subsizes, add), ...)``: ``add=0``
-        lands directly at ``starts`` of the output block, ``add=1`` in staging;
-        ``ops`` = ``((peer, add, from_starts, subsizes, to_starts), ...)`` run in
-        order after the exchange: copy (``add=0``) or add (``add=1``) a piece of
-        the input block (``peer == rank``) or of ``peer``'s staging into the output.
-        """
-        return self._tables[self._rank(rank)]
-
-    def _rank(self, rank: int) -> int:
-        if not 0 <= rank < self.nprocs:
-            raise DeinsumError(f"rank {rank} outside a redistribution on {self.nprocs} ranks")
-        return rank
 
     def __str__(self) -> str:
         shape = "x".join(map(str, self.src.shape)) or "scalar"
@@ -219,98 +340,9 @@ class Redistribution:
 def plan_redistribution(src: Layout, dst: Layout, nprocs: int) -> Redistribution:
     """Plan moving a tensor from ``src`` to ``dst`` (summing ``src``'s partial sums) on ``nprocs`` ranks.
 
-        >>> plan = plan_redistribution(Layout.on_root((5,), 2), Layout.even((5,), 2), 2)
+    >>> plan = plan_redistribution(Layout.on_root((5,), 2), Layout.even((5,), 2), 2)
     >>> plan.words_sent, plan.words_received
     ((2, 0), (0, 2))
-    >>> plan.table(1)   # rank 1: holds nothing yet, receives 2 words from rank 0 into its (2,) block
-    ((0, (), 1, (2,), (), ((0, (0,), (2,), 0),), ()),)
     """
     _check_pair(src, dst, nprocs)
-    ranks = np.arange(nprocs)
-    start, end = _holdings(src, ranks), _holdings(dst, ranks)
-    if via_scatter(src, dst, nprocs):
-        middle = _scattered(src, ranks)
-        phases = ((start, middle), (middle, end))
-        modeled = _direct_words(start, middle) + _direct_words(middle, end)
-    else:
-        phases, modeled = ((start, end),), _direct_words(start, end)
-    sent = np.zeros(nprocs, dtype=np.int64)
-    received = np.zeros(nprocs, dtype=np.int64)
-    per_phase = [_plan_phase(start, end, sent, received) for start, end in phases]
-    assert np.array_equal(received, modeled), "piece plan disagrees with the volume model"
-    method = "direct" if len(phases) == 1 else "reduce-scatter, then direct"
-    tables = tuple(tuple(phase[rank] for phase in per_phase) for rank in range(nprocs))
-    return Redistribution(src, dst, nprocs, method, tuple(int(w) for w in sent), tuple(int(w) for w in received),
-                          tables)
-
-
-def _axis_overlaps(dst_bounds: Sequence[int], src_bounds: Sequence[int]) -> list[list[tuple[int, int, int]]]:
-    """For each destination interval, the non-empty ``(source part, lo, hi)`` overlaps, in O(p_dst + p_src).
-
-    >>> _axis_overlaps((0, 2, 5), (0, 3, 3, 5))
-    [[(0, 0, 2)], [(0, 2, 3), (2, 3, 5)]]
-    """
-    overlaps = []
-    first = 0
-    for a, b in zip(dst_bounds[:-1], dst_bounds[1:]):
-        while first < len(src_bounds) - 2 and src_bounds[first + 1] <= a:
-            first += 1
-        pieces = []
-        part = first
-        while part < len(src_bounds) - 1 and src_bounds[part] < b:
-            lo, hi = max(a, src_bounds[part]), min(b, src_bounds[part + 1])
-            if lo < hi:
-                pieces.append((part, lo, hi))
-            part += 1
-        overlaps.append(pieces)
-    return overlaps
-
-
-def _plan_phase(src: _Holdings, dst: _Holdings, sent: np.ndarray, received: np.ndarray) -> list[tuple]:
-    """Per rank ``(in_held, in_shape, out_held, out_shape, sends, recvs, ops)`` of one phase.
-
-    Adds each rank's words to ``sent`` / ``received``. Summands are combined in
-    summand order on every destination, so replicas get bit-identical sums.
-    """
-    nprocs = src.held.size
-    holders: dict[tuple, list[int]] = {}
-    for r in np.flatnonzero(src.held):
-        holders.setdefault((tuple(src.cell[r].tolist()), int(src.summand[r])), []).append(int(r))
-    turns: dict[tuple, int] = {}
-    overlaps = [_axis_overlaps(d, s) for d, s in zip(dst.bounds, src.bounds)]
-    src_lo, src_hi, dst_lo, dst_hi = src.lo, src.hi, dst.lo, dst.hi
-    sends: list[list] = [[] for _ in range(nprocs)]
-    recvs: list[list] = [[] for _ in range(nprocs)]
-    ops: list[list] = [[] for _ in range(nprocs)]
-    for d in map(int, np.flatnonzero(dst.held)):
-        own = (tuple(src.cell[d].tolist()), int(src.summand[d])) if src.held[d] else None
-        for piece in product(*(overlaps[x][c] for x, c in enumerate(dst.cell[d].tolist()))):
-            cell = tuple(part for part, _, _ in piece)
-            start = tuple(lo for _, lo, _ in piece)
-            size = tuple(hi - lo for _, lo, hi in piece)
-            at = _relative(start, dst_lo[d])
-            words = math.prod(size)
-            for summand in range(src.n_summands):
-                key = (cell, summand)
-                add = int(summand > 0)
-                if key == own:
-                    ops[d].append((d, add, _relative(start, src_lo[d]), size, at))
-                    continue
-                turn = turns.get(key, 0)
-                turns[key] = turn + 1
-                replicas = holders[key]
-                sender = replicas[turn % len(replicas)]
-                sends[sender].append((d, _relative(start, src_lo[sender]), size))
-                recvs[d].append((sender, at, size, add))
-                if add:
-                    ops[d].append((sender, 1, (0,) * len(size), size, at))
-                sent[sender] += words
-                received[d] += words
-    return [(int(src.held[r]), tuple((src_hi[r] - src_lo[r]).tolist()) if src.held[r] else (),
-             int(dst.held[r]), tuple((dst_hi[r] - dst_lo[r]).tolist()) if dst.held[r] else (),
-             tuple(sorted(sends[r])), tuple(sorted(recvs[r])), tuple(ops[r])) for r in range(nprocs)]
-
-
-def _relative(start: tuple[int, ...], origin: np.ndarray) -> tuple[int, ...]:
-    """Global ``start`` relative to a block whose corner is ``origin``."""
-    return tuple(int(a - o) for a, o in zip(start, origin))
+    return Redistribution(src, dst, nprocs, reduce_split(src, dst, nprocs))

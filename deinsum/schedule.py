@@ -18,13 +18,11 @@ names it for the reader of a listing.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-from .errors import DeinsumError
 from .layout import Layout
 from .redistribute import Redistribution, plan_redistribution, received_words
 
@@ -38,9 +36,8 @@ class Communicator:
     """Where an exchange runs: every rank (``group`` None), or the ``Cart_sub`` keeping grid dims ``remain``
     of group ``group``'s Cartesian grid ``grid`` (``Create_cart(grid, reorder=False)`` of the world).
 
-    >>> sums = Communicator((2, 3), (1,), group=0)
-    >>> sums.rank_of(4), sums.color(4), sums.rank_of(6)
-    (1, 1, None)
+    >>> Communicator((2, 3), (1,), group=0).name
+    'grid0_sum'
     """
 
     grid: tuple[int, ...] = ()
@@ -51,27 +48,6 @@ class Communicator:
     def name(self) -> str:
         """``world``, or ``grid<g>_sum``: the ranks of group g's grid that hold partial sums of one block."""
         return "world" if self.group is None else f"grid{self.group}_sum"
-
-    @cached_property
-    def _numbering(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per rank of the grid: its rank in its sub-communicator, and which sub-communicator (C order)."""
-        coords = np.unravel_index(np.arange(math.prod(self.grid)), self.grid)
-        others = tuple(d for d in range(len(self.grid)) if d not in self.remain)
-
-        def ravel(dims):
-            return np.ravel_multi_index(tuple(coords[d] for d in dims), tuple(self.grid[d] for d in dims))
-
-        return ravel(self.remain), ravel(others)
-
-    def rank_of(self, rank: int) -> int | None:
-        """World ``rank``'s rank in this communicator (None: not in it)."""
-        if self.group is None:
-            return rank
-        return int(self._numbering[0][rank]) if rank < math.prod(self.grid) else None
-
-    def color(self, rank: int) -> int | None:
-        """Which of the sub-communicators ``rank`` is in (C order of its coordinates on the other grid dims)."""
-        return int(self._numbering[1][rank]) if rank < math.prod(self.grid) else None
 
 
 WORLD = Communicator()
@@ -177,33 +153,11 @@ class Move:
         return Exchange("reduce_scatter", sums), Exchange(_plain_kind(True, self.dst, self.nprocs), WORLD)
 
     def table(self, rank: int) -> tuple:
-        """``rank``'s table of every exchange step, peers numbered in that step's communicator
-        (see :func:`deinsum.codegen.exchange.exchange`); a rank outside a step's communicator gets None."""
-        tables = self.redistribution.table(rank)
-        return tuple(_renumbered(t, e.comm, rank) for t, e in zip(tables, self.exchanges))
+        """``rank``'s table of every exchange step, peers numbered in the world
+        (see :func:`deinsum.redistribute.rank_tables`); the runtime renumbers them in each step's communicator."""
+        return self.redistribution.table(rank)
 
     @property
     def label(self) -> str:
         return f"{self.tensor}: {self.phase}"
 
-
-def _renumbered(table: tuple, comm: Communicator, rank: int) -> tuple | None:
-    """``table`` of world ``rank`` with its peers numbered in ``comm``."""
-    if comm.group is None:
-        return table
-    in_held, in_shape, out_held, out_shape, sends, recvs, ops = table
-    color = comm.color(rank)
-    if color is None:
-        if sends or recvs or ops:
-            raise DeinsumError(f"rank {rank} outside {comm.name} has exchange work")
-        return None
-
-    def peer(p: int) -> int:
-        if comm.color(p) != color:
-            raise DeinsumError(f"rank {rank} exchanges with rank {p} outside its {comm.name} communicator")
-        return comm.rank_of(p)
-
-    return (in_held, in_shape, out_held, out_shape,
-            tuple((peer(p),) + tuple(rest) for p, *rest in sends),
-            tuple((peer(p),) + tuple(rest) for p, *rest in recvs),
-            tuple((peer(p),) + tuple(rest) for p, *rest in ops))

@@ -3,16 +3,19 @@ import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import deinsum
 from deinsum import DeinsumError
-from deinsum.codegen.emit import BEGIN, END, runtime_source
+from deinsum.codegen.emit import BEGIN, END, RUNTIME, generate
 from mpirun import run_mpi_script
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
+
+PACKAGE = Path(deinsum.__file__).parent
 
 EMIT_P = [1, 3, 4, 8]
 SCRIPT_CASES = [(eq, shapes_for(eq, sizes)) for eq, sizes in SUITE.values()] + random_einsums(200, seed=11)
@@ -21,47 +24,58 @@ SUBSET = SCRIPT_CASES[:len(SUITE) + 14]
 
 # Runs every emitted script's own code (script_main, run) inside one launch per P.
 DRIVER = """
-import json, sys
+import json, sys, types
 import numpy as np
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 failures = 0
-paths = json.load(open(sys.argv[1]))
-for path in paths:
-    ns = {"__name__": "emitted"}
+jobs = json.load(open(sys.argv[1]))
+for path, models, received in jobs:
+    module = types.ModuleType("emitted")   # a module, as `python -m mpi4py` runs it (dataclasses look it up)
+    sys.modules["emitted"] = module
+    ns = module.__dict__
     exec(compile(open(path).read(), path, "exec"), ns)
     status = ns["script_main"](ns, ["--validate", "--seed", "3"])
     holds = comm.rank == 0 or ns["INPUTS"] == "global"
     operands = ns["validation_operands"](ns["INPUT_SHAPES"], ns["DTYPE"], 3) if holds else [None] * len(ns["INPUT_SHAPES"])
     with ns["script_runtime"](ns, comm) as rt:
         ns["run"](rt, *operands)
-    model = ns["MODEL_BYTES"][comm.rank]
-    if status != 0 or (rt.log.bytes_sent, rt.log.bytes_received) != tuple(model):
+    # the plan's model (library tables) and volume model: the script's own tables must move exactly that
+    measured, model = (rt.log.bytes_sent, rt.log.bytes_received), tuple(models[comm.rank])
+    if status != 0 or measured != model or rt.model_bytes != model or model[1] != received[comm.rank]:
         failures += 1
-        print(f"FAIL {path} status={status} bytes={(rt.log.bytes_sent, rt.log.bytes_received)} model={model}", file=sys.stderr)
+        print(f"FAIL {path} status={status} bytes={measured} model={model} volume={received[comm.rank]}", file=sys.stderr)
 total = comm.allreduce(failures)
 if comm.rank == 0:
-    print(f"SCRIPTS {len(paths)} FAILED {total}")
+    print(f"SCRIPTS {len(jobs)} FAILED {total}")
 """
 
 
-def check_scripts(nprocs, cases, tmp_path):
-    paths = []
-    for n, (eq, shapes) in enumerate(cases):   # the first 16 cases take every (dtype, modes) pair
-        dtype = [np.float64, np.float32, np.complex128, np.complex64][n % 4]
-        inputs, result = [("root", "root"), ("global", "all"), ("root", "all"), ("global", "root")][n // 4 % 4]
+#: The acceptance case of the script's size: MTTKRP 64^3 x 8, inputs and result on rank 0.
+MTTKRP = ("ijk,ja,ka->ia", [(64, 64, 64), (64, 8), (64, 8)], np.float64, "root", "root")
+
+
+def check_scripts(nprocs, cases, tmp_path, extra=()):
+    jobs = []
+    modes = [("root", "root"), ("global", "all"), ("root", "all"), ("global", "root")]
+    dtypes = [np.float64, np.float32, np.complex128, np.complex64]
+    # the first 16 cases take every (dtype, modes) pair
+    for n, (eq, shapes, dtype, inputs, result) in enumerate([(eq, shapes, dtypes[n % 4], *modes[n // 4 % 4])
+                                                             for n, (eq, shapes) in enumerate(cases)] + list(extra)):
         prog = deinsum.compile(eq, *shapes, dtype=dtype, inputs=inputs, result=result)
-        paths.append(str(prog.to_script(tmp_path / f"p{n}.py", nprocs=nprocs)))
-    (tmp_path / "paths.json").write_text(json.dumps(paths))
+        plan = prog.plan(nprocs=nprocs)
+        jobs.append((str(prog.to_script(tmp_path / f"p{n}.py", nprocs=nprocs)), plan.model_bytes(),
+                     plan.received_bytes().tolist()))
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     (tmp_path / "driver.py").write_text(DRIVER)
-    res = run_mpi_script(nprocs, tmp_path / "driver.py", str(tmp_path / "paths.json"), timeout=900)
+    res = run_mpi_script(nprocs, tmp_path / "driver.py", str(tmp_path / "jobs.json"), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert f"SCRIPTS {len(paths)} FAILED 0" in res.stdout, res.stderr[-3000:]
+    assert f"SCRIPTS {len(jobs)} FAILED 0" in res.stdout, res.stderr[-3000:]
 
 
 @pytest.mark.parametrize("nprocs", EMIT_P)
 def test_emitted_scripts_match_numpy_and_model(nprocs, tmp_path):
-    check_scripts(nprocs, SUBSET, tmp_path)
+    check_scripts(nprocs, SUBSET, tmp_path, extra=[MTTKRP])
 
 
 @pytest.mark.slow
@@ -198,10 +212,38 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
     where = [listing.find("\n" + line + "\n") for line in lines]
     assert -1 not in where and where == sorted(where), [line for line, at in zip(lines, where) if at < 0]
     assert any(e.comm.name == "grid0_sum" for m in plan.moves for e in m.exchanges)   # MTTKRP's partial sums
-    # the runtime is one delimited block, equal to the modules it is made of
+    # the runtime is one delimited block of lines of the modules it is made of (indented by half)
     assert text.count(BEGIN) == text.count(END) == 1
     block = text[text.index(BEGIN):text.index(END) + len(END)]
-    assert block == runtime_source()
+    sources = {line.strip() for m in RUNTIME for line in (PACKAGE / m).read_text().splitlines()}
+    assert all(line.strip() in sources for line in block.splitlines() if not line.startswith("#"))
+    assert "def rank_tables(" in block and "def _plan_phase(" not in block and "def spread(" not in block
     assert "def " not in text[:text.index(BEGIN)] and "class " not in text[text.index(END):]
     assert subprocess.run([sys.executable, "-c", "import ast,sys; ast.parse(open(sys.argv[1]).read())", str(path)],
                           timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize("inputs, result", [("root", "root"), ("global", "all")])
+def test_script_size_does_not_grow_with_the_ranks(inputs, result):
+    """MTTKRP 64^3 x 8: each rank builds its own tables from the layouts, so P = 8, 512 and 65,536 give
+    scripts of the same size (<= 60 kB) that define every name they use."""
+    prog = deinsum.compile("ijk,ja,ka->ia", (64, 64, 64), (64, 8), (64, 8), inputs=inputs, result=result)
+    sizes = {}
+    for nprocs in (8, 512, 65536):
+        text = generate(prog.plan(nprocs=nprocs))
+        compile(text, "script", "exec")
+        sizes[nprocs] = len(text.encode())
+        assert "Layout(" in text and "rank_tables(" in text
+    assert max(sizes.values()) <= 60_000, sizes
+    assert max(sizes.values()) - min(sizes.values()) < 2_000, sizes   # other grids and moves, no per-rank data
+
+
+def test_emitted_script_defines_every_name_it_uses(tmp_path):
+    pyflakes = pytest.importorskip("pyflakes.api")
+    from pyflakes.reporter import Reporter
+    import io
+    for eq, shapes in [("ijk,ja,ka->ia", [(8, 9, 10), (9, 4), (10, 4)]), ("ii->", [(5, 5)])]:
+        text = generate(deinsum.compile(eq, *shapes).plan(nprocs=4, inputs="root", result="root"))
+        out = io.StringIO()
+        pyflakes.check(text, "script", Reporter(out, out))
+        assert "undefined name" not in out.getvalue(), out.getvalue()

@@ -139,7 +139,8 @@ def test_suite_and_random_einsums_on_gpu_under_mpi(nprocs, tmp_path):
 @needs_gpu
 def test_emitted_script_on_gpu_validates(tmp_path):
     from mpirun import run_mpi_script
-    script = deinsum.compile("ijk,ja,ka->ia", (40, 30, 20), (30, 8), (20, 8)).to_script(tmp_path / "p.py", nprocs=2)
+    prog = deinsum.compile("ijk,ja,ka->ia", (40, 30, 20), (30, 8), (20, 8), device="gpu")
+    script = prog.to_script(tmp_path / "p.py", nprocs=2)
     res = run_mpi_script(2, script, "--device", "gpu", "--validate", "--repeat", "2", timeout=300)
     assert res.returncode == 0, res.stderr
     assert "validate: OK" in res.stdout and "measured bytes == model" in res.stdout

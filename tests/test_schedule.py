@@ -1,11 +1,12 @@
-"""The typed schedule: move kinds from the layouts, communicators, tables renumbered per communicator."""
+"""The typed schedule: move kinds from the layouts, communicators, tables whose steps stay inside them."""
 import math
 
+import numpy as np
 import pytest
 
 import deinsum
 from deinsum.layout import Layout
-from deinsum.schedule import KINDS, WORLD, Communicator, Compute, Move, classify
+from deinsum.schedule import KINDS, WORLD, Compute, Move, classify
 
 SHAPE, P = (6, 4), 4
 EVEN, ROOT, EVERY = Layout.even(SHAPE, P), Layout.on_root(SHAPE, P), Layout.replicated(SHAPE, P)
@@ -28,17 +29,13 @@ def test_a_two_step_reduction_runs_its_reduce_scatter_on_the_groups_cart_sub():
     (first, second) = move.exchanges
     assert (first.kind, first.comm.name, first.comm.remain) == ("reduce_scatter", "grid3_sum", (1,))
     assert (second.kind, second.comm) == ("allgather", WORLD)
+    grid = np.arange(8).reshape(2, 4)
     for rank in range(8):
         table = move.table(rank)[0]
         peers = [p for p, *_ in table[4]] + [p for p, *_ in table[5]]
-        assert peers and all(0 <= p < 4 for p in peers)                  # numbered inside the sub-communicator
-        assert move.table(rank)[1] == move.redistribution.table(rank)[1]  # the world step keeps world ranks
-
-
-def test_communicator_ranks():
-    sums = Communicator((2, 3, 2), (1,), group=0)
-    assert [sums.rank_of(r) for r in range(13)] == [0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2, None]
-    assert sums.color(3) == 1 and sums.color(12) is None and WORLD.rank_of(5) == 5
+        row = grid[rank // 4].tolist()                # the ranks of rank's Cart_sub over grid dim 1
+        assert peers and all(p in row and p != rank for p in peers)   # world ranks inside the sub-communicator
+        assert move.table(rank) == move.redistribution.table(rank)
 
 
 def test_a_plans_schedule_is_typed_values_in_order():

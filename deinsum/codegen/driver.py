@@ -4,7 +4,8 @@ STANDALONE: imports only numpy, mpi4py and the sibling runtime modules
 (emitted scripts carry these files as one block; it uses checks.py for
 agreement, files, memory and validation). An emitted script defines
 its plan's data (``EQUATION``, ``MOVES``, ...) and ``run(rt, *operands)``;
-``script_main(globals())`` turns it into a command-line tool.
+``script_main(globals())`` turns it into a command-line tool. Each rank builds
+its own exchange tables and footprint from the layouts in that data at start-up.
 """
 import argparse
 import os
@@ -13,10 +14,11 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+from ..footprint import peak_bytes
+from ..redistribute import rank_tables
 from .checks import agree, check_memory, check_output_path, collectively, load_npy, matches, memory_available
 from .checks import ranks_on_node
 from .checks import save_atomically, validation_operands
-from .gpu import open_device
 from .kernels import reference_einsum
 from .runtime import PHASES, Runtime, pin_blas_threads
 
@@ -55,10 +57,11 @@ def summarize(samples):
 
 
 def script_runtime(ns, comm, device=None):
-    """This rank's :class:`Runtime` for an emitted program (``ns`` = its globals): its own rows of ``MOVES``,
-    computing on ``device`` (a GPU) if given."""
+    """This rank's :class:`Runtime` for an emitted program (``ns`` = its globals), its tables built from
+    ``MOVES[k] = (timer, label, src, dst, split)``, computing on ``device`` (a GPU) if given."""
     rank = comm.Get_rank()
-    moves = [(timer, label, [per_rank[rank] for per_rank in steps]) for timer, label, steps in ns["MOVES"]]
+    moves = [(timer, label, rank_tables(src, dst, ns["NPROCS"], rank, split))
+             for timer, label, src, dst, split in ns["MOVES"]]
     return Runtime(comm, ns["DTYPE"], moves, device)
 
 
@@ -89,7 +92,8 @@ def script_main(ns, argv=None):
         if args.repeat < 1:
             raise ProgramError("--repeat must be >= 1")
         limit = memory_available(node_ranks) if args.memory is None else args.memory
-        check_memory(ns["FOOTPRINT"][comm.rank], limit, "this program", comm.rank, ProgramError)
+        need = int(peak_bytes(ns["FOOTPRINT"], [comm.rank], np.dtype(ns["DTYPE"]).itemsize)[0])
+        check_memory(need, limit, "this program", comm.rank, ProgramError)
         if comm.rank == 0 and args.save:
             check_output_path(args.save, ProgramError)
         if comm.rank == 0 or ns["INPUTS"] == "global":
@@ -107,8 +111,11 @@ def script_main(ns, argv=None):
     device = None
     if args.device == "gpu":
         try:
-            device = open_device(comm, ProgramError)
-            collectively(comm, device.check_memory, ns["FOOTPRINT"][comm.rank], ProgramError, error=ProgramError)
+            if ns["OPEN_DEVICE"] is None:
+                raise ProgramError("this program was emitted for the CPU: emit it with device='gpu' "
+                                   "(deinsum emit --device gpu) to run it with --device gpu")
+            device = ns["OPEN_DEVICE"](comm, ProgramError)
+            collectively(comm, device.check_memory, need, ProgramError, error=ProgramError)
         except ProgramError as exc:   # raised on every rank alike (both agree first)
             if comm.rank == 0:
                 print(f"error: {exc}", file=sys.stderr)
@@ -125,7 +132,8 @@ def script_main(ns, argv=None):
                 result = device.place(result, False, rt.clock)
             comm.Barrier()
             runs.append((MPI.Wtime() - start, rt.clock.seconds, rt.log))
-    report(comm, ns, runs, threads, device)
+        model = rt.model_bytes
+    report(comm, ns, runs, threads, model, device)
     status, failure = 0, None
     if comm.rank == 0:
         try:
@@ -167,11 +175,13 @@ def exit_with(status):
     os._exit(status)
 
 
-def report(comm, ns, runs, threads, device=None):
-    """Print median [min, max] seconds per phase and measured bytes per rank (rank 0)."""
+def report(comm, ns, runs, threads, model, device=None):
+    """Print median [min, max] seconds per phase and measured bytes per rank against this rank's ``model``
+    (bytes sent, received) (rank 0)."""
     totals = [r[0] for r in runs]
     sent = comm.gather(runs[-1][2].bytes_sent, root=0)
     received = comm.gather(runs[-1][2].bytes_received, root=0)
+    model = comm.gather(model, root=0)
     if comm.rank != 0:
         return
     blas = "unpinned (no threadpoolctl)" if threads is None else f"{threads} BLAS thread(s) per rank"
@@ -184,7 +194,6 @@ def report(comm, ns, runs, threads, device=None):
         samples = [r[1].get(phase, 0.0) for r in runs]
         if any(samples):
             print(f"  {phase:<12} {summarize(samples)} s")
-    model = ns["MODEL_BYTES"]
     print("  rank  bytes sent  bytes received  (model sent/received)")
     for rank, (s, r) in enumerate(zip(sent, received)):
         print(f"  {rank:>4}  {s:>10}  {r:>14}  ({model[rank][0]}/{model[rank][1]})")

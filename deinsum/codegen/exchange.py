@@ -1,8 +1,9 @@
 """Run one rank's redistribution table: one ``Alltoallw`` of subarray datatypes per step.
 
 STANDALONE: imports only numpy and mpi4py (emitted scripts carry this file).
-The tables come from ``deinsum.schedule.Move.table(rank)``; every rank of
-``comm`` must run its own table of the same move (collective).
+The tables come from ``deinsum.redistribute.rank_tables`` (peers numbered in
+``comm``: ``Runtime`` renumbers world ranks for a sub-communicator); every rank
+of ``comm`` must run its own table of the same move (collective).
 
 A step's table is ``(in_held, in_shape, out_held, out_shape, sends, recvs, ops)``:
 

@@ -23,6 +23,7 @@ from functools import partialmethod
 import numpy as np
 from mpi4py import MPI
 
+from ..redistribute import table_words
 from .exchange import ByteLog, Transfer, element_type
 from .kernels import contract_group, unary
 
@@ -84,8 +85,8 @@ class Runtime:
 
     ``moves[k]`` is ``(timer, label, tables)`` of move ``k``: the phase it is
     timed under, its name in the byte log, and this rank's table of each of its
-    steps (None for a step whose communicator this rank is not in). ``log`` and
-    ``clock`` measure the current call (:meth:`reset` starts a new one).
+    steps, peers numbered in the world (:func:`deinsum.redistribute.rank_tables`).
+    ``log`` and ``clock`` measure the current call (:meth:`reset` starts a new one).
     With a ``device`` (a :class:`~deinsum.codegen.gpu.Device`) groups compute on
     the GPU and moves stage device blocks through host memory.
     """
@@ -102,6 +103,12 @@ class Runtime:
     def reset(self):
         """Start measuring a new call."""
         self.log, self.clock = ByteLog(), Clock()
+
+    @property
+    def model_bytes(self):
+        """(bytes sent, bytes received) per call that this rank's tables plan."""
+        sent, received = zip(*[table_words(tables) for _, _, tables in self.moves]) if self.moves else ((), ())
+        return sum(sent) * self.dtype.itemsize, sum(received) * self.dtype.itemsize
 
     # ---- communicators --------------------------------------------------------------------------
     def member(self, grid):
@@ -165,7 +172,7 @@ class Runtime:
             if self._element is None:
                 self._element = element_type(self.dtype)
                 self.created["datatypes"] += 1
-            self._transfers[key] = Transfer(comm, table, self.dtype, self._element)
+            self._transfers[key] = Transfer(comm, renumbered(table, self.world, comm), self.dtype, self._element)
             self.created["datatypes"] += self._transfers[key].created
         return self._transfers[key]
 
@@ -208,3 +215,22 @@ class Runtime:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def renumbered(table, world, comm):
+    """``table`` with its peers numbered in ``world`` renumbered in ``comm`` (made of ranks of the world)."""
+    if comm == world:
+        return table
+    in_held, in_shape, out_held, out_shape, sends, recvs, ops = table
+    peers = sorted({p for p, *_ in sends} | {p for p, *_ in recvs} | {p for p, *_ in ops})
+    world_group, group = world.Get_group(), comm.Get_group()
+    ranks = dict(zip(peers, world_group.Translate_ranks(peers, group))) if peers else {}
+    world_group.Free()
+    group.Free()
+    if MPI.UNDEFINED in ranks.values():
+        raise ValueError(f"rank {world.Get_rank()}: exchanges with a rank outside its communicator")
+
+    def peer(items):
+        return tuple((ranks[p],) + tuple(rest) for p, *rest in items)
+
+    return in_held, in_shape, out_held, out_shape, peer(sends), peer(recvs), peer(ops)
