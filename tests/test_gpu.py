@@ -52,6 +52,16 @@ def test_cli_run_on_gpu_without_a_gpu_exits_2_with_one_line(capfd):
     assert len(lines) == 1 and lines[0].startswith("error: device='gpu'"), err
 
 
+def test_a_script_emitted_for_the_cpu_refuses_device_gpu_in_one_line(tmp_path):
+    from mpirun import run_mpi_script
+    script = deinsum.compile("ij,jk->ik", (4, 5), (5, 6)).to_script(tmp_path / "p.py", nprocs=2)
+    assert "OPEN_DEVICE = None" in script.read_text() and "def open_device" not in script.read_text()
+    res = run_mpi_script(2, script, "--device", "gpu", timeout=120)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 2 and lines == ["error: this program was emitted for the CPU: emit it with "
+                                             "device='gpu' (deinsum emit --device gpu) to run it with --device gpu"]
+
+
 def test_the_mpich_wheel_is_not_cuda_aware():
     from mpi4py import MPI
     if "pypi.org/p/mpich" not in MPI.Get_library_version():
