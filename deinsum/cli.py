@@ -150,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where the result ends: on every rank (all, default), on rank 0, or distributed")
         p.add_argument("--layout", action="append", default=[], metavar="TENSOR=LAYOUT",
                        help="pin where an input (in0, in1, ... or 0, 1, ...) starts or a distributed result (out) "
-                            "ends: even, replicated or root; the plan is built around it (repeatable)")
+                            "ends: even, replicated, root or a grid spec like '2x2: 0, 1'; the plan is built "
+                            "around it (repeatable)")
         if ranks_flag:
             p.add_argument(*ranks_flag, dest="nprocs", type=int, required=ranks_required, default=None,
                            help="number of MPI ranks")
