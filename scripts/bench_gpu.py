@@ -6,7 +6,9 @@ operand holds ``--gib`` GiB (matrices ``--mm-n`` square): the program's local co
 of ``optimize=False`` and ``'greedy'``), achieved FLOP/s (opt_einsum's count of the cheapest path)
 against a square cuBLAS GEMM measured in the same run (and, for MTTKRP, against the one GEMM of
 the same shape, ``X`` as a matrix times the Khatri-Rao block), and both modes: inputs already
-resident on the GPU, and inputs/result on the host with the copies timed.
+resident on the GPU, and inputs/result on the host with the copies timed (``--no-host`` skips
+these). The local-kernel column says what each group ran: the library kernel or ``cupy.einsum``,
+whichever the first call measured faster (``Device.contract``), with those timings.
 
 Check (``mpiexec -n P python -m mpi4py scripts/bench_gpu.py --check``): the CPU path's result
 equals both GPU modes (float64 rtol 1e-10, float32 rtol 1e-4) and measured bytes == model on
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_executor import KERNELS  # noqa: E402
 
 import deinsum  # noqa: E402
+from deinsum.codegen.gpu import CHOICES  # noqa: E402
 from deinsum.codegen.kernels import group_strategy  # noqa: E402
 
 RTOL = {"float64": 1e-10, "float32": 1e-4}
@@ -94,6 +97,20 @@ def bandwidths(cp, repeat, nbytes=2**30):
     print("copies of 1 GiB: " + "; ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in rates.items()))
 
 
+def chosen(group, sizes):
+    """What ``group`` ran locally: the kernel's strategy or cupy.einsum, with the one-time timings that
+    chose it (:data:`deinsum.codegen.gpu.CHOICES`)."""
+    inputs = tuple(s for _, s in group.reads)
+    shapes = tuple(tuple(sizes[c] for c in s) for s in inputs)
+    name = group_strategy(inputs, group.output_subscripts, shapes)
+    winner, seconds = next((v for k, v in CHOICES.items() if k[1:4] == (inputs, group.output_subscripts, shapes)),
+                           ("kernel", {}))
+    if len(seconds) < 2:
+        return name + " (not measured)"
+    timings = f"measured {1e3 * seconds['kernel']:.2f} ms kernel, {1e3 * seconds['cupy.einsum']:.2f} ms cupy.einsum"
+    return f"cupy.einsum ({timings}; kernel: {name})" if winner == "cupy.einsum" else f"{name} ({timings})"
+
+
 def device_inputs(cp, shapes, dtype, seed=0):
     rng = cp.random.default_rng(seed)
     return [rng.random(s, dtype=dtype) for s in shapes]
@@ -119,8 +136,6 @@ def bench(args, cp):
         inputs = device_inputs(cp, shapes, dtype)
         prog = deinsum.compile(eq, *shapes, device="gpu")
         plan = prog.plan(nprocs=1, dtype=dtype)
-        strategy = "; ".join(group_strategy([s for _, s in g.reads], g.output_subscripts,
-                                            [tuple(sizes[c] for c in s) for _, s in g.reads]) for g in plan.groups)
         computes = []
 
         def resident():
@@ -129,6 +144,7 @@ def bench(args, cp):
             return out
         total, out = timed(cp, resident, args.repeat, warmup=2)
         compute = float(np.median(computes[2:]))
+        strategy = "; ".join(chosen(g, sizes) for g in plan.groups)
         refs = {}
         for optimize in (False, "greedy"):
             try:
@@ -146,23 +162,24 @@ def bench(args, cp):
             big = math.prod(shapes[0])
             free = sizes[eq.split("->")[1][0]]
             same = f"{100 * flops / compute / gemm_rate(cp, free, big // free, sizes['a'], dtype, args.repeat):.0f}%"
-        host = [cp.asnumpy(x) for x in inputs]
-        phases = []
+        in_bytes, largest = sum(a.nbytes for a in inputs), max(a.nbytes for a in inputs)
+        host_mode = "- | -"
+        if not args.no_host:
+            host, phases = [cp.asnumpy(x) for x in inputs], []
 
-        def host_mode():
-            out = prog(*host)
-            phases.append(prog.last_run.seconds)
-            return out
-        host_total, _ = timed(cp, host_mode, args.repeat)
-        h2d, hc, d2h = (float(np.median([p.get(k, 0.0) for p in phases[1:]]))
-                        for k in ("host_to_device", "compute", "device_to_host"))
-        in_bytes, largest = sum(a.nbytes for a in host), max(a.nbytes for a in host)
+            def host_call():
+                out = prog(*host)
+                phases.append(prog.last_run.seconds)
+                return out
+            host_total, _ = timed(cp, host_call, args.repeat)
+            h2d, hc, d2h = (float(np.median([p.get(k, 0.0) for p in phases[1:]]))
+                            for k in ("host_to_device", "compute", "device_to_host"))
+            host_mode = (f"{1e3 * host_total:.1f} ({1e3 * h2d:.1f} + {1e3 * hc:.1f} + {1e3 * d2h:.1f}) "
+                         f"| {in_bytes / h2d / 1e9:.1f}")
         print(f"| {kernel} | {','.join(f'{c}={n}' for c, n in sizes.items())} | {largest / 2**30:.1f} "
               f"| {strategy} | {1e3 * compute:.2f} | {1e3 * refs[best]:.2f} (optimize={best}) "
               f"| {compute / refs[best]:.2f} | {flops / compute / 1e12:.2f} | {100 * flops / compute / peak:.0f}% "
-              f"| {same or '-'} | {largest / compute / 1e9:.0f} | {1e3 * total:.2f} "
-              f"| {1e3 * host_total:.1f} ({1e3 * h2d:.1f} + {1e3 * hc:.1f} + {1e3 * d2h:.1f}) "
-              f"| {in_bytes / h2d / 1e9:.1f} |", flush=True)
+              f"| {same or '-'} | {largest / compute / 1e9:.0f} | {1e3 * total:.2f} | {host_mode} |", flush=True)
         prog.close()
         inputs = host = out = None
         cp.get_default_memory_pool().free_all_blocks()
@@ -228,6 +245,7 @@ def main(argv=None):
     parser.add_argument("--dtype", default="float64", help="benchmark dtype")
     parser.add_argument("--dtypes", nargs="+", default=["float64", "float32"], help="check dtypes")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--no-host", action="store_true", help="skip the host-mode columns (copies)")
     parser.add_argument("--gemm-n", type=int, default=8192, help="size of the square reference GEMM")
     args = parser.parse_args(argv)
     import cupy as cp

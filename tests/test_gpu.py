@@ -82,6 +82,47 @@ def _operands(shapes, dtype, seed=0):
     return [rng.random(s).astype(dtype) for s in shapes]
 
 
+def test_the_cpu_path_measures_nothing():
+    from deinsum.codegen import gpu
+    before = dict(gpu.CHOICES)
+    host = _operands([(6, 5, 4), (5, 3), (4, 3)], "float64")
+    np.testing.assert_allclose(deinsum.compile("ijk,ja,ka->ia", (6, 5, 4), (5, 3), (4, 3))(*host),
+                               np.einsum("ijk,ja,ka->ia", *host), rtol=1e-12)
+    assert gpu.CHOICES == before
+
+
+@needs_gpu
+def test_the_local_contraction_is_measured_once_per_shape_and_equals_numpy(monkeypatch):
+    import cupy
+    from deinsum.codegen import gpu
+    from deinsum.codegen.kernels import contract_group
+    calls = []
+
+    def kernel(*args):
+        calls.append(args[:2])
+        return contract_group(*args)
+    monkeypatch.setattr(gpu, "contract_group", kernel)
+    subs, shapes = ("ijk", "ja", "ka"), ((37, 29, 23), (29, 5), (23, 5))
+    host = _operands(shapes, "float64")
+    want = np.einsum("ijk,ja,ka->ia", *host)
+    key = (0, subs, "ia", shapes, ("<f8",) * 3)
+    gpu.CHOICES.pop(key, None)
+    device = Device(0)
+    for _ in range(3):
+        got = device.contract(subs, "ia", *[cupy.asarray(a) for a in host])
+        np.testing.assert_allclose(cupy.asnumpy(got), want, rtol=1e-10, atol=0)
+    winner, seconds = gpu.CHOICES[key]
+    assert set(seconds) == {"kernel", "cupy.einsum"} and winner == min(seconds, key=seconds.get)
+    assert len(calls) == 2 + (2 if winner == "kernel" else 0)   # warm-up + timed once, then the winner only
+    # a program makes one choice per group shape on its first call and reuses it
+    prog = deinsum.compile("ijk,ja,ka->ia", (41, 29, 23), (29, 5), (23, 5), device="gpu")
+    host = _operands([(41, 29, 23), (29, 5), (23, 5)], "float32")
+    for _ in range(2):
+        np.testing.assert_allclose(prog(*host), np.einsum("ijk,ja,ka->ia", *host), rtol=1e-4)
+        keys = [k for k in gpu.CHOICES if (41, 29, 23) in k[3]]
+        assert len(keys) == 1 and keys[0][2] == "ia" and keys[0][4] == ("<f4",) * 3, keys
+
+
 @needs_gpu
 @pytest.mark.parametrize("name", sorted(SUITE))
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

@@ -8,7 +8,10 @@ machine without it never needs it. :func:`open_device` gives each rank a
 
 * uploads the blocks a group reads (timed as ``host_to_device``) and runs the
   group's kernel from ``kernels.py`` on the CuPy arrays (GEMMs through ``@``,
-  i.e. cuBLAS), synchronizing before the ``compute`` clock stops;
+  i.e. cuBLAS) or ``cupy.einsum(..., optimize='greedy')``, whichever ran faster
+  when first timed on these subscripts, block shapes and dtypes
+  (:meth:`Device.contract`, kept in :data:`CHOICES`), synchronizing before the
+  ``compute`` clock stops;
 * copies a block to host memory before a move (timed as ``device_to_host``,
   into CuPy's pinned pool): the exchange's subarray datatypes and staging
   buffer are in host memory.
@@ -24,6 +27,12 @@ import os
 from mpi4py import MPI
 
 from .checks import collectively
+from .kernels import contract_group
+
+
+#: ``{(device id, subscripts, output, shapes, dtypes): (winner, seconds by candidate)}``: the local
+#: contraction each block shape runs, measured once per process (:meth:`Device.contract`).
+CHOICES = {}
 
 
 def is_device_array(x):
@@ -104,6 +113,37 @@ class Device:
     def synchronize(self):
         """Wait for the work queued on this device (before a clock stops)."""
         self.cp.cuda.get_current_stream().synchronize()
+
+    def contract(self, inputs, output, *blocks):
+        """``contract_group(inputs, output, *blocks)`` or ``cupy.einsum`` (``optimize='greedy'``) of the same
+        statement, whichever was faster on the first call with these subscripts, shapes and dtypes (each
+        timed once after a warm-up; the winner kept in :data:`CHOICES`), synchronized. Only local compute is
+        chosen, never communication, so ranks may choose differently. Measured where the GPU is this
+        rank's alone (a trial's memory could fail a sharing rank) and for two or more non-empty blocks;
+        the kernel runs otherwise, and where ``cupy.einsum`` fails (e.g. out of memory)."""
+        key = (self.id, tuple(inputs), output, tuple(b.shape for b in blocks), tuple(b.dtype.str for b in blocks))
+        runs = {"kernel": lambda: contract_group(inputs, output, *blocks),
+                "cupy.einsum": lambda: self.cp.einsum(",".join(inputs) + "->" + output, *blocks, optimize="greedy")}
+        if key not in CHOICES and (self.sharing > 1 or len(blocks) < 2 or 0 in [b.size for b in blocks]):
+            CHOICES[key] = ("kernel", {})
+        if key not in CHOICES:
+            seconds = {}
+            for name, run in runs.items():
+                try:
+                    run()
+                    self.synchronize()
+                    start = MPI.Wtime()
+                    out = run()
+                    self.synchronize()
+                    seconds[name] = MPI.Wtime() - start
+                except Exception:  # noqa: BLE001 - cupy.einsum out of memory and the like: keep the kernel
+                    if name == "kernel":
+                        raise
+            CHOICES[key] = (min(seconds, key=seconds.get), seconds)
+            return out
+        out = runs[CHOICES[key][0]]()
+        self.synchronize()
+        return out
 
     def upload(self, blocks, clock):
         """``blocks`` as device arrays (None stays None); copies timed as ``host_to_device``."""

@@ -182,9 +182,7 @@ class Runtime:
         if self.device is not None:
             blocks = self.device.upload(blocks, self.clock)
         with self.clock("compute"):
-            out = contract_group(inputs, output, *blocks)
-            if self.device is not None:
-                self.device.synchronize()
+            out = (contract_group if self.device is None else self.device.contract)(inputs, output, *blocks)
         return out
 
     def unary(self, a, sub, out):
