@@ -33,6 +33,9 @@ from .kernels import contract_group
 #: ``{(device id, subscripts, output, shapes, dtypes): (winner, seconds by candidate)}``: the local
 #: contraction each block shape runs, measured once per process (:meth:`Device.contract`).
 CHOICES = {}
+#: Timed runs per candidate when a shape is first seen (the fastest counts): a library's first calls at a
+#: new shape (plans, handles) are slower than its steady state.
+CHOICE_TRIALS = 3
 
 
 def is_device_array(x):
@@ -116,8 +119,9 @@ class Device:
 
     def contract(self, inputs, output, *blocks):
         """``contract_group(inputs, output, *blocks)`` or ``cupy.einsum`` (``optimize='greedy'``) of the same
-        statement, whichever was faster on the first call with these subscripts, shapes and dtypes (each
-        timed once after a warm-up; the winner kept in :data:`CHOICES`), synchronized. Only local compute is
+        statement, whichever was faster on the first call with these subscripts, shapes and dtypes (the fastest of
+        :data:`CHOICE_TRIALS` timed runs each after a warm-up, back to back; the winner kept in :data:`CHOICES`),
+        synchronized. Only local compute is
         chosen, never communication, so ranks may choose differently. Measured where the GPU is this
         rank's alone (a trial's memory could fail a sharing rank) and for two or more non-empty blocks;
         the kernel runs otherwise, and where ``cupy.einsum`` fails (e.g. out of memory)."""
@@ -128,17 +132,19 @@ class Device:
             CHOICES[key] = ("kernel", {})
         if key not in CHOICES:
             seconds = {}
-            for name, run in runs.items():
+            for name, run in runs.items():   # each candidate: a warm-up, then timed runs back to back
                 try:
-                    run()
-                    self.synchronize()
-                    start = MPI.Wtime()
-                    out = run()
-                    self.synchronize()
-                    seconds[name] = MPI.Wtime() - start
+                    for trial in range(1 + CHOICE_TRIALS):
+                        self.synchronize()
+                        start = MPI.Wtime()
+                        out = run()
+                        self.synchronize()
+                        if trial:
+                            seconds[name] = min(seconds.get(name, float("inf")), MPI.Wtime() - start)
                 except Exception:  # noqa: BLE001 - cupy.einsum out of memory and the like: keep the kernel
                     if name == "kernel":
                         raise
+                    seconds.pop(name, None)
             CHOICES[key] = (min(seconds, key=seconds.get), seconds)
             return out
         out = runs[CHOICES[key][0]]()
