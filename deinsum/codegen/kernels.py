@@ -168,6 +168,32 @@ _ELEM = 1.2e-9        # per element of an elementwise pass (Khatri-Rao, Hadamard
 _SLAB = 1 << 20
 #: Temporaries up to this many elements are always allowed (beyond it: half of inputs plus output).
 _SMALL = 1 << 16
+#: Multiply-adds per GEMM call up to which OpenBLAS (>= 0.3.16, x86-64) runs its small-matrix kernels,
+#: which read both operands in place instead of packing them; and the widest narrow side that gains.
+_SMALL_GEMM = 1_000_000
+_NARROW = 16
+
+
+def _matmul(a, b):
+    """``np.matmul(a, b)``; a float GEMM with a narrow side (<= 16: a TTM) runs in pieces of at most
+    1e6 multiply-adds, cut along its wide side, so OpenBLAS streams the wide operand in place instead
+    of packing it first (here (8 x 24) @ (24 x 13824), 24 times: 4.7 ms in pieces, 6.7 ms in one).
+
+    >>> a, b = np.ones((2, 8, 24)), np.ones((24, 9000))
+    >>> bool((_matmul(a, b) == 24).all())
+    True
+    """
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    if m * k * n <= _SMALL_GEMM or min(m, n) > _NARROW or np.result_type(a, b).kind != "f":
+        return np.matmul(a, b)
+    res = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (m, n), np.result_type(a, b))
+    step = max(1, _SMALL_GEMM // (k * min(m, n)))
+    for lo in range(0, max(m, n), step):
+        if m > n:
+            np.matmul(a[..., lo:lo + step, :], b, out=res[..., lo:lo + step, :])
+        else:
+            np.matmul(a, b[..., lo:lo + step], out=res[..., lo:lo + step])
+    return res
 
 
 def _prod(values):
@@ -348,9 +374,11 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
         t = t.reshape([dims[q] if q < n else -1 for q in t_axes])
         if res is None:           # T is the result: a transposed view, no copy
             return t.transpose([t_axes.index(q) for q in out_axes])
-        if rest:
+        if rest:  # the weights stored in T's axis order: einsum's inner loop runs contiguously in both
             w = _khatri_rao([factors[q][:, cols] for q in rest]).reshape([dims[q] for q in rest] + [-1])
-            np.einsum(t, t_axes, w, rest + [n], res_axes, out=res[..., cols])
+            w_axes = [q for q in t_axes if q in rest or q == n]
+            w = np.ascontiguousarray(w.transpose([(rest + [n]).index(q) for q in w_axes]))
+            np.einsum(t, t_axes, w, w_axes, res_axes, out=res[..., cols])
         else:
             res[..., cols] = np.einsum(t, t_axes, res_axes)
         del kr, t  # before the next block's Khatri-Rao product
@@ -438,21 +466,21 @@ def _run_ttm(subs, out, blocks, dtype, params):
 
 def _ttm_chain(t, labels, subs, blocks, order, kinds):
     for (mode, new, n), kind in zip(order, kinds):
-        u = blocks[n] if subs[n][0] == mode else blocks[n].T       # (n_mode, n_new)
+        u = np.ascontiguousarray(blocks[n] if subs[n][0] == mode else blocks[n].T)   # (n_mode, n_new)
         q, dims = labels.index(mode), t.shape
         if kind == "last":
-            t = (t.reshape(-1, dims[q]) @ u).reshape(dims[:q] + (u.shape[1],))
+            t = _matmul(t.reshape(-1, dims[q]), u).reshape(dims[:q] + (u.shape[1],))
             labels[q] = new
         elif kind == "first":
-            t = (t.reshape(dims[0], -1).T @ u).reshape(dims[1:] + (u.shape[1],))
+            t = _matmul(t.reshape(dims[0], -1).T, u).reshape(dims[1:] + (u.shape[1],))
             labels = labels[1:] + [new]
         elif kind == "middle":
-            t = np.matmul(u.T, t.reshape(_prod(dims[:q]), dims[q], -1))
+            t = _matmul(u.T, t.reshape(_prod(dims[:q]), dims[q], -1))
             t = t.reshape(dims[:q] + (u.shape[1],) + dims[q + 1:])
             labels[q] = new
         else:  # moved last
             perm = [d for d in range(len(dims)) if d != q] + [q]
-            t = (transposed(t, perm).reshape(-1, dims[q]) @ u)
+            t = _matmul(transposed(t, perm).reshape(-1, dims[q]), u)
             t = t.reshape(tuple(dims[d] for d in perm[:-1]) + (u.shape[1],))
             labels = labels[:q] + labels[q + 1:] + [new]
     return t, labels
