@@ -284,8 +284,8 @@ def table(runs: list[dict]) -> list[str]:
             sizes = " ".join(f"{c}={n}" for c, n in k["sizes"].items())
             wrong = f" **WRONG: {', '.join(k['wrong'])}**" if k["wrong"] else ""
             lines.append(f"| {k['name']} ({sizes}){wrong} | {run['nprocs']} | {fmt('ctf')} | {fmt('deinsum')} | "
-                         f"{ratio('deinsum')} | {fmt('local')} | {ratio('local')} | {fmt('opt_einsum')} | {rate} | {roof} | "
-                         f"{k['local_memory']:.2f} | {k['local_strategy']} |")
+                         f"{ratio('deinsum')} | {fmt('local')} | {ratio('local')} | {fmt('opt_einsum')} | {rate} | "
+                         f"{roof} | {k['local_memory']:.2f} | {k['local_strategy']} |")
     return lines
 
 
