@@ -75,21 +75,6 @@ def test_mttkrp_every_variant_equals_numpy(name, dtype):
             check(eq, ops, K._run_mttkrp(subs, out, ops, np.dtype(dtype), (x, r, (s, e, orient, block))))
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.complex64, np.int64])
-@pytest.mark.parametrize("name", list(MTTKRP) + list(PARTIAL))
-def test_mttkrp_tiles_of_free_leading_axes(name, dtype, monkeypatch):
-    """T computed tile by tile over free leading axes (uneven last tile), every variant and rank block."""
-    monkeypatch.setattr(K, "_TILE", 7)
-    eq, sizes = MTTKRP.get(name) or PARTIAL[name]
-    subs, out = split(eq)
-    ops = operands(eq, sizes, dtype)
-    _, _, (x, r, gemm) = K._strategy(tuple(subs), out, tuple(o.shape for o in ops))
-    axes = [q for q, c in enumerate(subs[x]) if c not in out]
-    for s, e, orient in K._mttkrp_variants(len(subs[x]), axes) if gemm else []:
-        for block in (3, 2):
-            check(eq, ops, K._run_mttkrp(subs, out, ops, np.dtype(dtype), (x, r, (s, e, orient, block))))
-
-
 @pytest.mark.parametrize("eq", ["kji,ia,ka->ja", "ijk,ai,ja->ak", "ijkl,la,ia,ja->ak", "abc,ax,cx->xb"])
 def test_mttkrp_any_index_order(eq):
     subs, out = split(eq)

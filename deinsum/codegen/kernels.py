@@ -172,8 +172,6 @@ _ELEM = 1.2e-9        # per element of an elementwise pass (Khatri-Rao, Hadamard
 _SLAB = 1 << 20
 #: Temporaries up to this many elements are always allowed (beyond it: half of inputs plus output).
 _SMALL = 1 << 16
-#: Elements of an MTTKRP's T per tile of its free leading axes (1 MiB of float64: stays in L2).
-_TILE = 1 << 17
 #: Multiply-adds per GEMM call up to which OpenBLAS (>= 0.3.16, x86-64) runs its small-matrix kernels,
 #: which read both operands in place instead of packing them; and the widest narrow side that gains.
 _SMALL_GEMM = 1_000_000
@@ -373,39 +371,28 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
         list(range(s)) + [n] + list(range(e, n))
     res_axes = sorted(out_axes)                                    # free axes in X's order, then r
     res = None if block == nr and not rest else np.empty([dims[q] if q < n else nr for q in res_axes], dtype)
-    # free leading axes with a Hadamard-sum to follow: T in tiles of them, so T stays in cache
-    tiled = bool(rest) and s > 0 and min(rest) >= e
-    tile = max(1, _TILE // (min(block, nr) * b)) if tiled else a
-    xa, t_full = xb.reshape(a, k, b), [dims[q] if q < n else -1 for q in t_axes]
-    t_labels, flat = ([0] + t_axes[s:], (a,) + res.shape[s:]) if tiled else (t_axes, None)
     for r0 in range(0, nr, block):
         cols = slice(r0, min(nr, r0 + block))
         kr = _khatri_rao([factors[q][:, cols] for q in range(s, e)])
+        if orient == "rows":
+            t = xb.reshape(a, k) @ kr if e == n else np.matmul(xb.reshape(a, k, b).transpose(0, 2, 1), kr)
+        elif s == 0:
+            t = kr.T @ xb.reshape(k, b)
+        elif e == n:
+            t = (kr.T @ xb.reshape(a, k).T).T
+        else:
+            t = np.matmul(kr.T, xb.reshape(a, k, b))
+        t = t.reshape([dims[q] if q < n else -1 for q in t_axes])
+        if res is None:           # T is the result: a transposed view, no copy
+            return t.transpose([t_axes.index(q) for q in out_axes])
         if rest:  # the weights stored in T's axis order: einsum's inner loop runs contiguously in both
             w = _khatri_rao([factors[q][:, cols] for q in rest]).reshape([dims[q] for q in rest] + [-1])
             w_axes = [q for q in t_axes if q in rest or q == n]
             w = np.ascontiguousarray(w.transpose([(rest + [n]).index(q) for q in w_axes]))
-        for a0 in range(0, a, tile):
-            xs = xa[a0:a0 + tile]
-            m = xs.shape[0]
-            if orient == "rows":
-                t = xs.reshape(m, k) @ kr if e == n else np.matmul(xs.transpose(0, 2, 1), kr)
-            elif s == 0:
-                t = kr.T @ xs.reshape(k, b)
-            elif e == n:
-                t = (kr.T @ xs.reshape(m, k).T).T
-            else:
-                t = np.matmul(kr.T, xs)
-            if res is None:           # T is the result: a transposed view, no copy
-                return t.reshape(t_full).transpose([t_axes.index(q) for q in out_axes])
-            t = t.reshape(t_full if flat is None else [m] + t_full[s:])
-            part = res[..., cols] if flat is None else res.reshape(flat)[a0:a0 + m, ..., cols]
-            if rest:
-                np.einsum(t, t_labels, w, w_axes, [0] + res_axes[s:] if flat else res_axes, out=part)
-            else:
-                part[...] = np.einsum(t, t_labels, [0] + res_axes[s:] if flat else res_axes)
-            del t
-        del kr  # before the next block's Khatri-Rao product
+            np.einsum(t, t_axes, w, w_axes, res_axes, out=res[..., cols])
+        else:
+            res[..., cols] = np.einsum(t, t_axes, res_axes)
+        del kr, t  # before the next block's Khatri-Rao product
     return res.transpose([res_axes.index(q) for q in out_axes])
 
 
