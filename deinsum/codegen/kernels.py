@@ -191,8 +191,10 @@ def _matmul(a, b):
     if m * k * n <= _SMALL_GEMM or min(m, n) > _NARROW or np.result_type(a, b).kind != "f":
         return np.matmul(a, b)
     res = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (m, n), np.result_type(a, b))
-    step = max(1, _SMALL_GEMM // (k * min(m, n)))
-    for lo in range(0, max(m, n), step):
+    wide = max(m, n)
+    pieces = -(-wide // max(1, _SMALL_GEMM // (k * min(m, n))))
+    step = -(-wide // pieces)                                       # even pieces
+    for lo in range(0, wide, step):
         if m > n:
             np.matmul(a[..., lo:lo + step, :], b, out=res[..., lo:lo + step, :])
         else:
