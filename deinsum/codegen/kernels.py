@@ -213,10 +213,10 @@ def _gemm_seconds(m, k, n, calls=1, pieces=False):
     """Modeled seconds of ``calls`` numpy GEMMs (m x k) @ (k x n), C order: small sizes run below peak.
 
     Fitted on this machine's OpenBLAS, one thread: a narrow n (BLAS's m) costs more than a narrow m;
-    small-matrix kernels (up to 1e6 multiply-adds, or any size in ``_matmul``'s pieces with
-    ``pieces``) run at a flat rate with little set-up.
+    with ``pieces`` (TTM steps through ``_matmul``: a short k), small-matrix kernels (up to 1e6
+    multiply-adds per call, or a narrow side cut in such pieces) run at a flat rate with little set-up.
     """
-    if m * k * n <= _SMALL_GEMM or (pieces and min(m, n) <= _NARROW):
+    if pieces and (m * k * n <= _SMALL_GEMM or min(m, n) <= _NARROW):
         return calls * (-(-m * k * n // _SMALL_GEMM) * _CALL_SMALL + 2.0 * m * k * n / _SMALL_RATE)
     eff = 1.0 / (1.0 + 4.0 / m + 48.0 / k + 24.0 / n)
     return calls * (2.0 * m * k * n / (_PEAK * eff) + _CALL)
