@@ -187,10 +187,12 @@ def _matmul(a, b):
     >>> bool((_matmul(a, b) == 24).all())
     True
     """
-    (m, k), n = a.shape[-2:], b.shape[-1]
-    if m * k * n <= _SMALL_GEMM or min(m, n) > _NARROW or np.result_type(a, b).kind != "f":
+    (m, k), n, dtype = a.shape[-2:], b.shape[-1], np.result_type(a, b)
+    if m * k * n <= _SMALL_GEMM or min(m, n) > _NARROW or dtype.kind != "f":
         return np.matmul(a, b)
-    res = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (m, n), np.result_type(a, b))
+    batch = a.shape[:-2] if b.ndim == 2 else b.shape[:-2] if a.ndim == 2 else \
+        np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    res = np.empty(batch + (m, n), dtype)
     wide = max(m, n)
     pieces = -(-wide // max(1, _SMALL_GEMM // (k * min(m, n))))
     step = -(-wide // pieces)                                       # even pieces
