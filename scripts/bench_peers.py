@@ -10,7 +10,14 @@ with 1 BLAS/OpenMP thread per rank (environment set before import, enforced with
 threadpoolctl; TBLIS set to 1 thread). Every result is checked against numpy.
 GFLOP/s count opt_einsum's optimal-path FLOPs; at P = 1 a 1-thread numpy 2048^3 dgemm
 is one more interleaved side of every kernel (the share of dgemm compares medians of the same
-repetitions; the machine's load changes between kernels).
+repetitions; the machine's load changes between kernels). The roofline of a kernel is
+min(dgemm, bandwidth x intensity): bandwidth from a 1-thread numpy copy of 256 MB (read + write
+bytes), intensity = FLOPs / bytes of the local kernel's inputs and output. The local kernel's
+peak memory is traced (tracemalloc, one untimed call) as (inputs + peak allocation) / (inputs +
+output). At P = 1 the launch also fits t = t0 + n t1 to numpy GEMMs streaming a 24^5 tensor
+against n = 8..32 columns (the first step of every MTTKRP/TTMc strategy): OpenBLAS packs the
+streamed tensor (t0) before computing (t1 per column), so a one-pass GEMM kernel reaches at most
+n t1 / (t0 + n t1) of its compute rate.
 
     . /tmp/ctf-peer/env.sh     # CTF's venv (see ../shared/peers/ctf/README.md); without ctf: CTF skipped
     PYTHONPATH=. python scripts/bench_peers.py --procs 1 2 --repeat 9
@@ -28,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,11 +90,36 @@ def worker(spec_path: str, out_path: str) -> int:
         seconds = [timed(lambda: a @ a)[0] for _ in range(repeat)]
         return {"seconds": seconds, "gflops": 2 * 2048 ** 3 / float(np.median(seconds)) / 1e9}
 
+    def bandwidth(repeat):
+        """Streaming bandwidth of one rank (all ranks at once): numpy copy of 256 MB, read + write bytes."""
+        src = np.ones(32 << 20)
+        dst = np.empty_like(src)
+        np.copyto(dst, src)
+        seconds = [timed(lambda: np.copyto(dst, src))[0] for _ in range(repeat)]
+        return {"seconds": seconds, "gbs": 2 * src.nbytes / float(np.median(seconds)) / 1e9}
+
+    def packing(repeat):
+        """t = t0 + n t1 fitted to numpy GEMMs (n x 576) @ (24 x 576 x 576): a 24^5 tensor streamed once."""
+        rng = np.random.default_rng(1)
+        x = rng.standard_normal((24, 576, 576))
+        widths = (8, 16, 24, 32)
+        mats = {n: rng.standard_normal((576, n)).T for n in widths}
+        seconds = {n: [] for n in widths}
+        for n in widths:
+            np.matmul(mats[n], x)
+        for _ in range(repeat):
+            for n in widths:
+                seconds[n].append(timed(lambda: np.matmul(mats[n], x))[0])
+        t1, t0 = np.polyfit(widths, [float(np.median(seconds[n])) for n in widths], 1)
+        return {"widths": widths, "seconds": {str(n): v for n, v in seconds.items()}, "t0": float(t0),
+                "t1": float(t1), "bytes": x.nbytes}
+
     results = []
     with threadpool_limits(limits=1):
         blas = sorted({f"{i['internal_api']} {i.get('version')} {i['filepath'].split('/')[-1]} "
                        f"{i.get('architecture') or ''} x{i['num_threads']}" for i in threadpool_info()})
         gemm_before = dgemm(spec["repeat"])
+        stream = bandwidth(spec["repeat"])
         for name in spec["kernels"]:
             eq, sizes = KERNELS[name]
             sizes = {c: max(1, round(n * spec["scale"])) if n > 24 else n
@@ -94,12 +127,14 @@ def worker(spec_path: str, out_path: str) -> int:
             results.append(run_kernel(name, eq, sizes, spec["repeat"], comm, np, opt_einsum, deinsum, ctf,
                                       contract_group, group_strategy, timed))
         gemm_after = dgemm(spec["repeat"])
+        pack = packing(spec["repeat"]) if comm.size == 1 else None
     if comm.rank == 0:
         Path(out_path).write_text(json.dumps({
             "nprocs": comm.size, "mpi": MPI.Get_library_version().strip().splitlines()[0],
             "blas": blas, "ctf": None if ctf is None else ctf.__file__, "ctf_skipped": ctf_error,
             "deinsum": deinsum.__file__, "tblis": _tblis is not None,
-            "dgemm": {"before": gemm_before, "after": gemm_after}, "kernels": results}, indent=1))
+            "dgemm": {"before": gemm_before, "after": gemm_after}, "bandwidth": stream, "packing": pack,
+            "kernels": results}, indent=1))
     return 0
 
 
@@ -125,7 +160,7 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
               else None for op, layout in zip(ops, plan.entry)]
     res = prog(*blocks, comm=comm, inputs="local", result="distributed")
     ok = res.local is None or res.block is None or close(res.local, ref[res.block])
-    errors["deinsum"] = not comm.allreduce(ok, op=_land())
+    errors["deinsum"] = not comm.allreduce(ok, op=_op("LAND"))
 
     # the local kernel: the whole statement on a 1/P slab of the first output index, factors whole
     split = out[0]
@@ -134,8 +169,18 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
     slab = [np.ascontiguousarray(op[tuple(slice(lo, hi) if c == split else slice(None) for c in s)])
             for op, s in zip(ops, subs)]
     local = contract_group(subs, out, *slab)
+    local_flops = float(opt_einsum.contract_path(eq, *slab, optimize="optimal")[1].opt_cost)
+    local_bytes = sum(b.nbytes for b in slab) + local.nbytes
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        contract_group(subs, out, *slab)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    memory = comm.allreduce((sum(b.nbytes for b in slab) + peak) / local_bytes, op=_op("MAX"))
     errors["local"] = not comm.allreduce(close(local, ref[(slice(None),) * out.index(split) + (slice(lo, hi),)]),
-                                         op=_land())
+                                         op=_op("LAND"))
     strategy = group_strategy(subs, out, [b.shape for b in slab])
     group_strategies = [group_strategy([s for _, s in g.reads], g.output_subscripts,
                                        [tuple(hi - lo for lo, hi in zip(*_box(g, s, sizes, rank)))
@@ -147,7 +192,7 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
         tensors = [ctf.astensor(op) for op in ops]           # rank 0 writes every element: before timing
         got = ctf.einsum(eq, *tensors)
         inds, vals = got.read_local()
-        errors["ctf"] = not comm.allreduce(close(vals, ref.ravel()[inds]), op=_land())
+        errors["ctf"] = not comm.allreduce(close(vals, ref.ravel()[inds]), op=_op("LAND"))
         calls["ctf"] = lambda: ctf.einsum(eq, *tensors)
     if size == 1:
         calls["opt_einsum"] = lambda: opt_einsum.contract(eq, *ops)
@@ -165,6 +210,7 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
         print(f"P={size} {name}: " + ", ".join(f"{s} {1e3 * float(np.median(v)):.1f} ms" for s, v in seconds.items())
               + (f"; WRONG: {[s for s, e in errors.items() if e]}" if any(errors.values()) else ""), flush=True)
     return {"name": name, "equation": eq, "sizes": sizes, "flops": flops, "seconds": seconds,
+            "local_flops": local_flops, "local_bytes": local_bytes, "local_memory": memory,
             "wrong": [s for s, e in errors.items() if e], "local_strategy": strategy,
             "group_strategies": group_strategies,
             "grids": [f"{g.indices}={'x'.join(map(str, g.grid.dims))}" for g in plan.groups]}
@@ -179,9 +225,10 @@ def _box(group, sub, sizes, rank):
     return [s.start for s in block], [s.stop for s in block]
 
 
-def _land():
+def _op(name):
+    """An MPI reduction operation by name (mpi4py is imported in the worker only)."""
     from mpi4py import MPI
-    return MPI.LAND
+    return getattr(MPI, name)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -218,25 +265,46 @@ def launch(nprocs: int, spec: dict, workdir: Path, timeout: float) -> dict:
 
 def table(runs: list[dict]) -> list[str]:
     lines = ["| kernel (sizes) | P | CTF ms | deinsum ms | deinsum / CTF | local kernel ms | local / CTF "
-             "| opt_einsum ms | GFLOP/s deinsum, local (share of dgemm) | local strategy |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| opt_einsum ms | GFLOP/s deinsum, local (share of dgemm) | local: roofline GFLOP/s (share) "
+             "| local peak memory / (in + out) | local strategy |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         for k in run["kernels"]:
             s = k["seconds"]
             fmt = lambda side: (f"{1e3 * median(s[side]):.1f} [{1e3 * min(s[side]):.1f}, {1e3 * max(s[side]):.1f}]"
                                 if side in s else "-")
             ratio = lambda side: f"{median(s[side]) / median(s['ctf']):.2f}" if "ctf" in s else "-"
-            rate = ""
+            rate = roof = ""
             if "dgemm" in s:
                 gemm = DGEMM_FLOPS / median(s["dgemm"])
                 rates = [k["flops"] / median(s[side]) for side in ("deinsum", "local")]
                 rate = ", ".join(f"{r / 1e9:.1f} ({100 * r / gemm:.0f}%)" for r in rates) + f"; dgemm {gemm / 1e9:.1f}"
+                top = roofline(k, gemm, run["bandwidth"]["gbs"] * 1e9)
+                roof = f"{top / 1e9:.1f} ({100 * k['local_flops'] / median(s['local']) / top:.0f}%)"
             sizes = " ".join(f"{c}={n}" for c, n in k["sizes"].items())
             wrong = f" **WRONG: {', '.join(k['wrong'])}**" if k["wrong"] else ""
             lines.append(f"| {k['name']} ({sizes}){wrong} | {run['nprocs']} | {fmt('ctf')} | {fmt('deinsum')} | "
                          f"{ratio('deinsum')} | {fmt('local')} | {ratio('local')} | {fmt('opt_einsum')} | {rate} | "
-                         f"{k['local_strategy']} |")
+                         f"{roof} | {k['local_memory']:.2f} | {k['local_strategy']} |")
     return lines
+
+
+def roofline(kernel: dict, gemm: float, bandwidth: float) -> float:
+    """min(dgemm, bandwidth x intensity) in FLOP/s for the local kernel (intensity: FLOPs per byte in + out)."""
+    return min(gemm, bandwidth * kernel["local_flops"] / kernel["local_bytes"])
+
+
+def packing_note(run: dict) -> str:
+    """The fitted GEMM streaming cost (t0 + n t1) and what it allows a one-pass GEMM kernel."""
+    pack = run["packing"]
+    t0, t1 = pack["t0"], pack["t1"]
+    gemm = run["dgemm"]["before"]["gflops"]
+    return (f"- GEMM streaming a 24^5 tensor ({pack['bytes'] / 2 ** 20:.0f} MiB) against n columns (P=1 launch, "
+            f"n = {', '.join(map(str, pack['widths']))}): t = {1e3 * t0:.2f} ms + n x {1e3 * t1:.3f} ms, i.e. the "
+            f"tensor is read once at {pack['bytes'] / t0 / 1e9:.1f} GB/s (packing, not overlapped with compute) and "
+            f"each column costs {2 * pack['bytes'] / 8 / t1 / 1e9:.1f} GFLOP/s; a one-pass GEMM MTTKRP at R = 24 "
+            f"reaches at most {100 * 24 * t1 / (t0 + 24 * t1):.0f}% of that compute rate, the first TTM of TTMc "
+            f"(n = 8) {100 * 8 * t1 / (t0 + 8 * t1):.0f}% (dgemm before the kernels: {gemm:.1f} GFLOP/s)")
 
 
 def acceptance(runs: list[dict]) -> list[str]:
@@ -265,6 +333,14 @@ def acceptance(runs: list[dict]) -> list[str]:
         checks = [(p, n, t[who] <= t["opt_einsum"], f"{t[who] / t['opt_einsum']:.2f}x")
                   for p, n, t, _ in rows if "opt_einsum" in t]
         out.append(line(f"{who} at P=1 not slower than opt_einsum.contract", checks))
+    for p, n, t, f in rows:
+        if n == "1MM" and "ctf" in t and "dgemm" in t:
+            share = f / t["ctf"] / (DGEMM_FLOPS / t["dgemm"])
+            out.append(f"- 1MM P={p}: CTF runs at {100 * share:.0f}% of the same repetitions' dgemm, so any "
+                       f"deinsum at most as fast as dgemm has deinsum / CTF >= {share:.2f} (target 0.9)")
+    checks = [(run["nprocs"], k["name"], k["local_memory"] <= 1.5, f"{k['local_memory']:.2f}")
+              for run in runs for k in run["kernels"]]
+    out.append(line("local kernel peak memory <= 1.5x its inputs plus output", checks))
     return out
 
 
@@ -307,6 +383,9 @@ def main(argv=None) -> int:
         "- dgemm (numpy 2048^3, 1 thread, same launch, before/after): " + "; ".join(
             f"P={r['nprocs']}: {r['dgemm']['before']['gflops']:.1f}/{r['dgemm']['after']['gflops']:.1f} GFLOP/s"
             for r in runs),
+        "- streaming bandwidth (numpy copy of 256 MB, read + write bytes, every rank at once): " + "; ".join(
+            f"P={r['nprocs']}: {r['bandwidth']['gbs']:.1f} GB/s per rank" for r in runs),
+        *[packing_note(r) for r in runs if r.get("packing")],
         "- load average (1 min) before/after each launch: " + "; ".join(
             f"P={r['nprocs']}: {r['load_before'][0]:.1f}/{r['load_after'][0]:.1f}" for r in runs)
         + " (the machine is shared: other jobs ran at the same time)",

@@ -126,6 +126,17 @@ def test_ttm_chain_variants(eq):
     check(eq, ops, contract_group(subs, out, *ops))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("eq", ["ijk,jb->ibk", "ijk,kb->ijb", "ijk,ib->bjk", "ijk,bj->kbi"])
+def test_ttm_steps_in_small_gemm_pieces(eq, dtype):
+    """Steps above 1e6 multiply-adds run in pieces (float dtypes; uneven last piece): middle, last, first."""
+    sizes = dict(i=3, j=24, k=6001, b=8)
+    subs, out = split(eq)
+    ops = operands(eq, sizes, dtype)
+    assert group_strategy(subs, out, [o.shape for o in ops]).startswith("TTM chain")
+    check(eq, ops, contract_group(subs, out, *ops))
+
+
 # ---- shapes and memory orders ------------------------------------------------------------------------
 @pytest.mark.parametrize("eq", [MTTKRP["O3-M1"][0], MTTKRP["O5-M2"][0], TTMC[0], "ij,jk->ik", "bij,bjk->bik"])
 @pytest.mark.parametrize("edge", ["ones", "zero", "zero-summed"])
@@ -253,7 +264,8 @@ def test_peak_memory_within_1_5x_of_inputs_and_output(eq, sizes):
 def test_large_ttm_chain_runs_in_slabs():
     eq, sizes = TTMC[0], dict(i=8, j=24, k=24, l=24, m=24, b=8, c=8, d=8, e=8)
     subs, out = split(eq)
-    assert group_strategy(subs, out, [[sizes[c] for c in t] for t in subs]).endswith("; in slabs of 3 i")
+    assert group_strategy(subs, out, [[sizes[c] for c in t] for t in subs]).split("; ")[1:] == [
+        "in slabs of 3 i", "narrow GEMMs in pieces of <= 1e6 multiply-adds (float)"]
 
 
 def test_large_rank_is_blocked():

@@ -73,7 +73,8 @@ class _Def:
 class _Module:
     """A carried module's lines, its definitions, and the lines no program keeps (docstrings, comments,
     blank lines, imports of other deinsum modules; ``replace``: an emptied body's ``pass``; ``inside``:
-    lines inside a multi-line string; ``cut``: the spaces a line loses, half its statement's indentation)."""
+    lines inside a multi-line string; ``cut``: the spaces a line loses, half its statement's indentation;
+    ``trim``: where a line's inline comment starts)."""
 
     lines: tuple[str, ...]
     defs: tuple[_Def, ...]
@@ -81,6 +82,7 @@ class _Module:
     replace: dict
     inside: frozenset
     cut: dict
+    trim: dict
 
 
 def _body_docstrings(body, drop: set, replace: dict, top: bool = False) -> None:
@@ -109,6 +111,7 @@ def _module(text: str) -> _Module:
     inside = set()   # lines inside multi-line strings keep their blanks and hashes
     words: dict[int, list] = {}   # per line, the (is_attribute, name) of its identifiers
     cut: dict[int, int] = {}   # per line, the spaces it loses: half its statement's indentation
+    trim: dict[int, int] = {}  # per line, where an inline comment starts
     line, depth, dot, joined = 1, 0, False, False
     cut[1] = 0
     for match in _TOKEN.finditer(text):
@@ -129,8 +132,12 @@ def _module(text: str) -> _Module:
             inside.update(range(line + 1, end + 1))
             cut.update((n, cut[line]) for n in range(line + 1, end + 1))
             line = end
-        elif kind == "comment" and not lines[line - 1][:match.start() - text.rfind("\n", 0, match.start()) - 1].strip():
-            drop.add(line)
+        elif kind == "comment":
+            column = match.start() - text.rfind("\n", 0, match.start()) - 1
+            if lines[line - 1][:column].strip():
+                trim[line] = column          # an inline comment: the code before it stays
+            else:
+                drop.add(line)
         elif kind == "name":
             words.setdefault(line, []).append((dot, value))
         elif kind == "open" or kind == "close":
@@ -164,7 +171,7 @@ def _module(text: str) -> _Module:
             rest = define(node, names, skip=set().union(*(m.lines for m in methods)))
             entry = _Def(rest.names, rest.lines, rest.names_used, rest.attrs_used, methods)
         defs.append(entry)
-    return _Module(lines, tuple(defs), frozenset(drop), replace, frozenset(inside), cut)
+    return _Module(lines, tuple(defs), frozenset(drop), replace, frozenset(inside), cut, trim)
 
 
 def _kept(modules, roots: set[str]) -> set[range]:
@@ -200,6 +207,8 @@ def _lines(module: _Module, kept: set[range]) -> list[str]:
         skip = set().union(*(m.lines for m in d.methods if m.lines not in kept))
         for n in d.lines:
             line = module.replace.get(n, module.lines[n - 1])
+            if n in module.trim and n not in module.replace:
+                line = line[:module.trim[n]].rstrip()
             if (n in module.drop or n in skip) and n not in module.replace:
                 continue
             if n in module.inside:
@@ -211,7 +220,8 @@ def _lines(module: _Module, kept: set[range]) -> list[str]:
 
 def runtime_source(roots=ENTRY) -> str:
     """The definitions of the :data:`RUNTIME` modules reachable from the names ``roots`` as one block:
-    their lines verbatim, without docstrings, comments, blank lines and their imports of each other."""
+    their lines verbatim, without docstrings, comments (inline ones too), blank lines and their imports of
+    each other."""
     package = Path(__file__).parent.parent
     modules = [_module((package / m).read_text()) for m in RUNTIME]
     kept = _kept(modules, set(roots) | set(ENTRY))
