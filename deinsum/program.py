@@ -366,8 +366,7 @@ class Program:
         operands = [None if not holds or a is None else a.astype(plan.dtype, copy=False) if is_device_array(a)
                     else np.asarray(a, dtype=plan.dtype) for a in arrays]
         if plan.inputs == "local":
-            for n, (a, layout) in enumerate(zip(operands, plan.entry)):
-                want = layout.local_shape(rank)
+            for n, (a, want) in enumerate(zip(operands, _entry_shapes(plan, rank))):
                 if want is None and (a is None or a.size == 0):
                     operands[n] = None                # this rank holds nothing of the operand
                 elif a is None or a.shape != want:
@@ -375,6 +374,12 @@ class Program:
                                        f"{want if want is not None else '(none)'} (see Program.input_blocks), "
                                        f"not {None if a is None else a.shape}")
         return plan, operands
+
+
+@lru_cache(maxsize=256)
+def _entry_shapes(plan: Plan, rank: int) -> tuple:
+    """The block shape of each input ``rank`` passes with local inputs (None where it holds none)."""
+    return tuple(layout.local_shape(rank) for layout in plan.entry)
 
 
 @lru_cache(maxsize=128)
