@@ -19,8 +19,8 @@ def cp_als_sweep(order: int, size: int, rank: int, nprocs: int) -> deinsum.Seque
     return deinsum.plan_sequence(steps, shapes, nprocs)
 
 
-@pytest.mark.parametrize("order, nprocs", [(3, 8), (3, 64), (5, 8), *[pytest.param(o, p, marks=pytest.mark.slow)
-                                           for o, p in [(5, 64), (3, 512), (5, 512), (3, 4096), (5, 4096)]]])
+@pytest.mark.parametrize("order, nprocs", [(3, 8), (3, 64), *[pytest.param(o, p, marks=pytest.mark.slow) for o, p in
+                                                               [(5, 8), (5, 64), (3, 512), (5, 512), (3, 4096), (5, 4096)]]])
 def test_cp_als_sweep_within_ten_percent_of_the_construction(order, nprocs):
     figures, sizes_at = SWEEP[order]
     sweep = cp_als_sweep(order, *sizes_at[nprocs], nprocs)
