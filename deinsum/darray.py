@@ -79,7 +79,13 @@ class DistributedArray:
         """Every rank passes the whole ``array``; each keeps its block of ``layout``."""
         comm = _world(comm)
         array = np.asarray(array)
-        layout = collectively(comm, as_layout, layout, array.shape, comm.size, error=DeinsumError)
+
+        def check():
+            if array.dtype.kind not in "biufc":
+                raise DeinsumError(f"from_global: an array of dtype {array.dtype}, not numbers")
+            return as_layout(layout, array.shape, comm.size)
+
+        layout = collectively(comm, check, error=DeinsumError)
         agree(comm, {"shape": array.shape, "dtype": array.dtype.str, "layout": layout}, error=DeinsumError)
         block = layout.block(comm.rank)
         return cls(None if block is None else array[block].copy(), layout, comm, array.dtype)
@@ -90,6 +96,8 @@ class DistributedArray:
         comm = _world(comm)
         facts = None if comm.rank else (np.shape(array), np.asarray(array).dtype.str)
         shape, dtype = comm.bcast(facts, root=0)
+        if np.dtype(dtype).kind not in "biufc":   # the same verdict on every rank: rank 0's dtype
+            raise DeinsumError(f"scatter: rank 0 passes an array of dtype {np.dtype(dtype)}, not numbers")
         layout = collectively(comm, as_layout, layout, shape, comm.size, error=DeinsumError)
         root = cls(np.asarray(array, dtype=dtype) if comm.rank == 0 else None,
                    Layout.on_root(shape, comm.size), comm, dtype)
