@@ -62,6 +62,14 @@ def as_layout(spec, shape, nprocs: int, what: str = "array") -> Layout:
     return pin_layout(spec, tuple(shape), nprocs, what)
 
 
+def _agreed_blocks(comm, local, default) -> tuple:
+    """``(local, dtype)`` with one dtype on every rank: the result type of the blocks held (``default`` where
+    no rank holds one), each block cast to it."""
+    held = {d for d in comm.allgather(None if local is None else local.dtype.str) if d is not None}
+    dtype = np.result_type(*sorted(held)) if held else np.dtype(default)
+    return (None if local is None else local.astype(dtype, copy=False)), dtype
+
+
 class DistributedArray:
     """This rank's ``local`` block (None where it holds nothing) of a global tensor laid out by ``layout``
     on ``comm``. Build one with :meth:`from_global`, :meth:`scatter`, :meth:`from_blocks` or :meth:`full` (also empty);
@@ -69,7 +77,7 @@ class DistributedArray:
 
     __slots__ = ("local", "layout", "comm", "dtype")
 
-    def __init__(self, local: np.ndarray | None, layout: Layout, comm, dtype=None):
+    def __init__(self, local: np.ndarray | None, dtype=None, *, layout: Layout, comm):
         self.local, self.layout, self.comm = local, layout, comm
         self.dtype = np.dtype(dtype if dtype is not None else local.dtype)
 
@@ -78,29 +86,34 @@ class DistributedArray:
     def from_global(cls, array, layout="even", comm=None) -> DistributedArray:
         """Every rank passes the whole ``array``; each keeps its block of ``layout``."""
         comm = _world(comm)
-        array = np.asarray(array)
 
         def check():
-            if array.dtype.kind not in "biufc":
-                raise DeinsumError(f"from_global: an array of dtype {array.dtype}, not numbers")
-            return as_layout(layout, array.shape, comm.size)
+            whole = np.asarray(array)
+            if whole.dtype.kind not in "biufc":
+                raise DeinsumError(f"from_global: an array of dtype {whole.dtype}, not numbers")
+            return whole, as_layout(layout, whole.shape, comm.size)
 
-        layout = collectively(comm, check, error=DeinsumError)
+        array, layout = collectively(comm, check, error=DeinsumError)
         agree(comm, {"shape": array.shape, "dtype": array.dtype.str, "layout": layout}, error=DeinsumError)
         block = layout.block(comm.rank)
-        return cls(None if block is None else array[block].copy(), layout, comm, array.dtype)
+        return cls(None if block is None else array[block].copy(), array.dtype, layout=layout, comm=comm)
 
     @classmethod
     def scatter(cls, array, layout="even", comm=None) -> DistributedArray:
         """Rank 0 passes the whole ``array`` (the others None); each rank gets its block of ``layout``."""
         comm = _world(comm)
-        facts = None if comm.rank else (np.shape(array), np.asarray(array).dtype.str)
-        shape, dtype = comm.bcast(facts, root=0)
-        if np.dtype(dtype).kind not in "biufc":   # the same verdict on every rank: rank 0's dtype
-            raise DeinsumError(f"scatter: rank 0 passes an array of dtype {np.dtype(dtype)}, not numbers")
-        layout = collectively(comm, as_layout, layout, shape, comm.size, error=DeinsumError)
-        root = cls(np.asarray(array, dtype=dtype) if comm.rank == 0 else None,
-                   Layout.on_root(shape, comm.size), comm, dtype)
+        facts = None
+        if comm.rank == 0:
+            try:
+                array = np.asarray(array)
+                facts = (array.shape, array.dtype.str, None if array.dtype.kind in "biufc" else
+                         f"scatter: rank 0 passes an array of dtype {array.dtype}, not numbers")
+            except Exception as exc:  # noqa: BLE001 - told to every rank below
+                facts = ((), "f8", f"scatter: rank 0's array: {type(exc).__name__}: {exc}")
+        shape, dtype, failure = comm.bcast(facts, root=0)
+        if failure is not None:   # rank 0's verdict, the same on every rank
+            raise DeinsumError(failure)
+        root = cls(array if comm.rank == 0 else None, dtype, layout=Layout.on_root(shape, comm.size), comm=comm)
         return root.redistribute(layout)
 
     @classmethod
@@ -128,7 +141,7 @@ class DistributedArray:
             raise DeinsumError(f"blocks of dtypes {sorted(kinds) or 'none (no rank holds a block)'}: "
                                f"expected one dtype")
         agree(comm, {"shape": shape, "layout": lay}, error=DeinsumError)
-        return cls(local, lay, comm, dtype)
+        return cls(local, dtype, layout=lay, comm=comm)
 
     @classmethod
     def full(cls, shape, fill, layout="even", dtype=np.float64, comm=None) -> DistributedArray:
@@ -136,12 +149,21 @@ class DistributedArray:
         leaves the blocks uninitialised, like ``numpy.empty``)."""
         comm = _world(comm)
         shape = tuple(int(n) for n in shape)
-        lay = collectively(comm, as_layout, layout, shape, comm.size, error=DeinsumError)
+
+        def check():
+            if fill is not None:
+                try:
+                    np.array(fill, dtype=dtype)
+                except (TypeError, ValueError) as exc:
+                    raise DeinsumError(f"full: fill {fill!r} is not a {np.dtype(dtype).name}: {exc}") from None
+            return as_layout(layout, shape, comm.size)
+
+        lay = collectively(comm, check, error=DeinsumError)
         agree(comm, {"shape": shape, "layout": lay, "dtype": np.dtype(dtype).str, "fill": fill},
               error=DeinsumError)
         want = lay.local_shape(comm.rank)
         block = None if want is None else np.empty(want, dtype=dtype) if fill is None else np.full(want, fill, dtype)
-        return cls(block, lay, comm, dtype)
+        return cls(block, dtype, layout=lay, comm=comm)
 
     def with_local(self, local: np.ndarray | None, shape=None) -> DistributedArray:
         """The same distribution with new blocks (a local computation that keeps block boundaries);
@@ -152,7 +174,7 @@ class DistributedArray:
                 raise DeinsumError(f"with_local: new shape {tuple(shape)} from {layout.shape} under {layout.spec()}: "
                                    f"only an unsplit last axis may change length")
             layout = Layout(tuple(shape), layout.grid, layout.axes, layout.partial)
-        return DistributedArray(local, layout, self.comm, None if local is not None else self.dtype)
+        return DistributedArray(*_agreed_blocks(self.comm, local, self.dtype), layout=layout, comm=self.comm)
 
     # ---- what it is -----------------------------------------------------------------------------
     @property
@@ -214,11 +236,12 @@ class DistributedArray:
     def redistribute(self, layout) -> DistributedArray:
         """The same tensor under ``layout`` (partial sums, if any, added on the way)."""
         dst = collectively(self.comm, as_layout, layout, self.shape, self.comm.size, error=DeinsumError)
+        agree(self.comm, {"layout": dst}, error=DeinsumError)
         if dst == self.layout:
             return self
         move = Move("array", "redistribute", self.layout, dst, self.comm.size)
         local = exchange(self.comm, move.table(self.comm.rank), self.local, self.dtype)
-        return DistributedArray(local, dst, self.comm, self.dtype)
+        return DistributedArray(local, self.dtype, layout=dst, comm=self.comm)
 
     def gather(self, root: int | None = None) -> np.ndarray | None:
         """The whole tensor on every rank (``root=None``) or on ``root`` only (None elsewhere)."""
@@ -264,10 +287,10 @@ class DistributedArray:
         """``A^T A`` over every axis but the last (``A_(n)`` unfolded), on every rank: one allreduce."""
         whole = self.rows()
         n = self.shape[-1]
-        part = np.zeros((n, n), dtype=np.result_type(self.dtype, np.float32))
+        part = np.zeros((n, n), dtype=self.dtype)     # the same dtype on every rank
         if whole.owns:
             flat = whole.local.reshape(-1, n)
-            part = flat.conj().T @ flat
+            part[...] = flat.conj().T @ flat
         return self._allreduce(part)
 
     def vdot(self, other: DistributedArray) -> complex | float:
@@ -275,8 +298,10 @@ class DistributedArray:
         if not isinstance(other, DistributedArray) or other.shape != self.shape:
             raise DeinsumError(f"vdot: expected a DistributedArray of shape {self.shape}")
         other = other.redistribute(self.layout)
-        part = np.vdot(self.local, other.local) if self.owns else 0.0
-        return self._allreduce(np.asarray(part))[()]
+        part = np.zeros((), dtype=np.result_type(self.dtype, other.dtype))   # the same dtype on every rank
+        if self.owns:
+            part[()] = np.vdot(self.local, other.local)
+        return self._allreduce(part)[()]
 
     def norm(self) -> float:
         """The Frobenius norm, on every rank."""
@@ -285,10 +310,15 @@ class DistributedArray:
 
     def map_blocks(self, function: Callable[[np.ndarray], np.ndarray]) -> DistributedArray:
         """``function`` applied to every block (element-wise work that keeps shapes)."""
-        local = None if self.local is None else np.asarray(function(self.local))
-        if local is not None and local.shape != self.local.shape:
-            raise DeinsumError(f"map_blocks: the function changed a block's shape {self.local.shape} -> {local.shape}")
-        return DistributedArray(local, self.layout, self.comm, None if local is not None else self.dtype)
+        def apply():
+            local = None if self.local is None else np.asarray(function(self.local))
+            if local is not None and local.shape != self.local.shape:
+                raise DeinsumError(f"map_blocks: the function changed a block's shape {self.local.shape} -> "
+                                   f"{local.shape}")
+            return local
+
+        local = collectively(self.comm, apply, error=DeinsumError)
+        return DistributedArray(*_agreed_blocks(self.comm, local, self.dtype), layout=self.layout, comm=self.comm)
 
     def _allreduce(self, part: np.ndarray) -> np.ndarray:
         from mpi4py import MPI

@@ -234,7 +234,8 @@ class Program:
         :class:`~deinsum.darray.DistributedArray` operands stay where they are: their layouts are pinned
         entry layouts (no move where they already fit the plan); plain arrays beside them are taken as
         replicated (every rank passes the whole array); the result is then a DistributedArray in the
-        layout the plan chose, unless ``result`` says ``'all'`` or ``'root'``. ``result`` may also be a
+        layout the plan chose, unless ``result`` (of the call, or ``'root'``/``'distributed'`` compiled) says
+        otherwise. ``result`` may also be a
         layout (a Layout, ``'even'`` or text like ``'2x2: 0, 1'``): a DistributedArray in that layout.
 
         Collective and checked before any work: all ranks agree on the equation, operand count,
@@ -246,7 +247,7 @@ class Program:
         held = [a for a in arrays if isinstance(a, DistributedArray)]
         comm = comm if comm is not None else held[0].comm if held else MPI.COMM_WORLD
         inputs = inputs or ("local" if held else self.inputs)
-        result = result if result is not None else "distributed" if held else self.result
+        result = result if result is not None else self.result if not held or self.result != "all" else "distributed"
         pins = dict(pin_names(self.layouts))
         if held:
             pins |= {f"in{n}": a.layout if isinstance(a, DistributedArray) else "replicated"
@@ -281,13 +282,14 @@ class Program:
         rt.reset()
         out = run_schedule(rt, plan, operands)
         if device is not None:   # the result ends where this rank's inputs were: GPU or host
-            out = device.place(out, any(is_device_array(b) for b in blocks), rt.clock)
+            resident = comm.allreduce(int(any(is_device_array(b) for b in blocks)), op=MPI.MAX)   # one answer
+            out = device.place(out, bool(resident), rt.clock)
         model = plan.model_bytes()[comm.rank]
         self.last_run = RunReport(comm.rank, dict(rt.clock.seconds), rt.log.bytes_sent, rt.log.bytes_received,
                                   *model)
         self.last_plan = plan
         if result == "distributed":
-            return DistributedArray(out, plan.exit, comm, plan.dtype)
+            return DistributedArray(out, plan.dtype, layout=plan.exit, comm=comm)
         return out[()] if out is not None and out.ndim == 0 else out   # numpy.einsum: a scalar
 
     def close(self) -> None:
@@ -332,7 +334,8 @@ class Program:
                 dtype = as_dtype(self.dtype if self.dtype is not None else np.result_type(*types))
                 for n, t in enumerate(types):
                     check_cast(t, dtype, self.casting, f"operand {n}", DeinsumError)
-                shapes = (tuple(a.shape for a in arrays) if held else self.shapes if inputs == "local"
+                shapes = (tuple(a.shape if isinstance(a, DistributedArray) or is_device_array(a) else np.shape(a)
+                                for a in arrays) if held else self.shapes if inputs == "local"
                           else tuple(tuple(a.shape if is_device_array(a) else np.shape(a)) for a in arrays))
                 if inputs != "root":
                     facts.update({"shapes": shapes, "dtype": dtype})
@@ -341,12 +344,13 @@ class Program:
             failure = str(exc) if isinstance(exc, DeinsumError) else f"{type(exc).__name__}: {exc}"
         return facts, failure, shapes, dtype
 
-    @staticmethod
-    def _check_distributed(arrays, comm, inputs) -> None:
+    def _check_distributed(self, arrays, comm, inputs) -> None:
         """Distributed operands live on ``comm``; plain ones beside them are whole (replicated) arrays."""
         from mpi4py import MPI
         if inputs != "local":
             raise DeinsumError(f"inputs={inputs!r} with DistributedArray operands: they are 'local' by nature")
+        if self.inputs == "root":
+            raise DeinsumError("compiled with inputs='root', called with DistributedArray operands: they are local")
         for n, a in enumerate(arrays):
             if isinstance(a, DistributedArray):
                 if MPI.Comm.Compare(a.comm, comm) not in (MPI.IDENT, MPI.CONGRUENT):

@@ -32,7 +32,7 @@ from .layout import Layout
 from .plan import Plan, pin_layout
 from .program import Program, as_dtype
 
-__all__ = ["SequencePlan", "plan_sequence"]
+__all__ = ["SequencePlan", "SequenceStep", "plan_sequence", "reads_moved"]
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,7 @@ class SequencePlan:
 
     def moved(self, name: str) -> bool:
         """Whether any step moves tensor ``name`` (bytes received for reading it away from its home)."""
-        return any(int(m.words_received.sum()) and m.tensor.startswith("in") and step.inputs[int(m.tensor[2:])] == name
-                   for step, plan in zip(self.steps, self.plans) for m in plan.moves)
+        return any(reads_moved(step, plan, name) for step, plan in zip(self.steps, self.plans))
 
     @cached_property
     def programs(self) -> tuple[Program, ...]:
@@ -131,8 +130,16 @@ class SequencePlan:
         lines += [line(r) for r in rows]
         lines.append("homes (between steps): " + "; ".join(f"{n} {lay.spec()}" for n, lay in self.homes))
         read = dict.fromkeys(t for s in self.steps for t in s.inputs)
-        lines.append("read where they live (never moved): " + (", ".join(n for n in read if not self.moved(n)) or "none"))
+        kept = ", ".join(n for n in read if not self.moved(n)) or "none"
+        lines.append("read where they live (never moved): " + kept)
         return "\n".join(lines)
+
+
+def reads_moved(step: SequenceStep, plan: Plan, name: str) -> bool:
+    """Whether ``plan`` (of ``step``) moves input tensor ``name`` before reading it: some rank receives
+    bytes for it."""
+    return any(m.tensor.startswith("in") and step.inputs[int(m.tensor[2:])] == name and int(m.words_received.sum())
+               for m in plan.moves)
 
 
 def _step_pins(step: SequenceStep, homes: Mapping[str, object], pins: Mapping[str, object]) -> dict:

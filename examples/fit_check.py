@@ -1,13 +1,13 @@
 """Shared by the decomposition examples: run a step of a planned sweep, report per-iteration traffic
 and compare per-iteration fits with a numpy reference."""
+from deinsum.sequence import reads_moved
 
 
 def run_step(step, program, tensors: dict) -> tuple[int, bool]:
     """``tensors[step.output] = program(*inputs)`` for one step of a ``deinsum.SequencePlan``; returns the
     bytes this rank received and whether they equal the model with X read where it lives."""
     tensors[step.output] = program(*(tensors[name] for name in step.inputs))
-    x_moved = any(m.tensor.startswith("in") and step.inputs[int(m.tensor[2:])] == "X"
-                  for m in program.last_plan.moves)
+    x_moved = reads_moved(step, program.last_plan, "X")
     return program.last_run.bytes_received, program.last_run.matches_model and not x_moved
 
 

@@ -9,7 +9,7 @@ and, as one delimited block, the definitions it uses from the modules in
 runtime, driver), their lines verbatim but indented by half, without
 docstrings and comments. Each rank builds its own exchange tables and
 footprint from the layouts at start-up, so the size does not depend on the
-number of ranks (MTTKRP 64^3 x 8 on rank 0: about 57 kB at P = 8 and at
+number of ranks (MTTKRP 64^3 x 8 on rank 0: about 60 kB at P = 8 and at
 P = 65,536). ``Program.__call__`` runs the same schedule through the same
 modules in-process.
 
