@@ -63,7 +63,7 @@ def einsum(equation: str, *arrays, comm=None, result=None, **options):
     from .codegen.checks import collectively
     held = [a for a in arrays if isinstance(a, DistributedArray)]
     comm = comm if comm is not None else held[0].comm if held else MPI.COMM_WORLD
-    shapes = [a.shape if isinstance(a, DistributedArray) else np.shape(a) for a in arrays]
+    shapes = [np.shape(a) for a in arrays]   # reads .shape where there is one (DistributedArray, CuPy)
     prog = collectively(comm, lambda: compile(equation, *shapes, **options), error=DeinsumError)
     with prog:
         return prog(*arrays, comm=comm, result=result)

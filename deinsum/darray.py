@@ -62,10 +62,20 @@ def as_layout(spec, shape, nprocs: int, what: str = "array") -> Layout:
     return pin_layout(spec, tuple(shape), nprocs, what)
 
 
+def _not_numbers(dtype, what: str) -> str | None:
+    """The failure message for an array of ``dtype`` that does not hold numbers, else None."""
+    return None if np.dtype(dtype).kind in "biufc" else f"{what}: an array of dtype {np.dtype(dtype)}, not numbers"
+
+
+def _held_dtypes(comm, local) -> set[str]:
+    """The dtypes of the blocks the ranks of ``comm`` hold (collective)."""
+    return {d for d in comm.allgather(None if local is None else local.dtype.str) if d is not None}
+
+
 def _agreed_blocks(comm, local, default) -> tuple:
     """``(local, dtype)`` with one dtype on every rank: the result type of the blocks held (``default`` where
     no rank holds one), each block cast to it."""
-    held = {d for d in comm.allgather(None if local is None else local.dtype.str) if d is not None}
+    held = _held_dtypes(comm, local)
     dtype = np.result_type(*sorted(held)) if held else np.dtype(default)
     return (None if local is None else local.astype(dtype, copy=False)), dtype
 
@@ -89,8 +99,8 @@ class DistributedArray:
 
         def check():
             whole = np.asarray(array)
-            if whole.dtype.kind not in "biufc":
-                raise DeinsumError(f"from_global: an array of dtype {whole.dtype}, not numbers")
+            if _not_numbers(whole.dtype, "from_global"):
+                raise DeinsumError(_not_numbers(whole.dtype, "from_global"))
             return whole, as_layout(layout, whole.shape, comm.size)
 
         array, layout = collectively(comm, check, error=DeinsumError)
@@ -106,8 +116,7 @@ class DistributedArray:
         if comm.rank == 0:
             try:
                 array = np.asarray(array)
-                facts = (array.shape, array.dtype.str, None if array.dtype.kind in "biufc" else
-                         f"scatter: rank 0 passes an array of dtype {array.dtype}, not numbers")
+                facts = (array.shape, array.dtype.str, _not_numbers(array.dtype, "scatter: rank 0 passes"))
             except Exception as exc:  # noqa: BLE001 - told to every rank below
                 facts = ((), "f8", f"scatter: rank 0's array: {type(exc).__name__}: {exc}")
         shape, dtype, failure = comm.bcast(facts, root=0)
@@ -134,12 +143,11 @@ class DistributedArray:
             return lay, np.asarray(block)
 
         lay, local = collectively(comm, check, error=DeinsumError)
-        dtypes = comm.allgather(None if local is None else local.dtype.str)
-        kinds = {d for d in dtypes if d is not None}
-        dtype = np.dtype(kinds.pop()) if len(kinds) == 1 else None
-        if dtype is None:
+        kinds = _held_dtypes(comm, local)
+        if len(kinds) != 1:
             raise DeinsumError(f"blocks of dtypes {sorted(kinds) or 'none (no rank holds a block)'}: "
                                f"expected one dtype")
+        dtype = np.dtype(kinds.pop())
         agree(comm, {"shape": shape, "layout": lay}, error=DeinsumError)
         return cls(local, dtype, layout=lay, comm=comm)
 
@@ -250,6 +258,7 @@ class DistributedArray:
             return self.redistribute(Layout.replicated(self.shape, comm.size)).local
         if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < comm.size:
             raise DeinsumError(f"gather: root {root!r} is not a rank of a communicator of {comm.size}")
+        agree(comm, {"gather root": int(root)}, error=DeinsumError)   # else a Send or Recv would wait forever
         whole = self.redistribute(Layout.on_root(self.shape, comm.size)).local
         if root != 0:      # the root's copy comes from rank 0, point to point
             if comm.rank == 0:
@@ -280,8 +289,7 @@ class DistributedArray:
         out = whole.with_local(local, self.shape[:-1] + (matrix.shape[1],))
         if self.layout.axes[-1] is None:
             return out
-        axes = self.layout.axes
-        return out.redistribute(Layout(out.shape, self.layout.grid, axes))
+        return out.redistribute(Layout(out.shape, self.layout.grid, self.layout.axes))
 
     def gram(self) -> np.ndarray:
         """``A^T A`` over every axis but the last (``A_(n)`` unfolded), on every rank: one allreduce."""
@@ -305,8 +313,10 @@ class DistributedArray:
 
     def norm(self) -> float:
         """The Frobenius norm, on every rank."""
-        part = float(np.vdot(self.local, self.local).real) if self.owns else 0.0
-        return float(np.sqrt(self._allreduce(np.asarray(part))))
+        part = np.zeros((), dtype=np.float64)     # accumulated in float64 whatever the dtype
+        if self.owns:
+            part[()] = np.vdot(self.local, self.local).real
+        return float(np.sqrt(self._allreduce(part)))
 
     def map_blocks(self, function: Callable[[np.ndarray], np.ndarray]) -> DistributedArray:
         """``function`` applied to every block (element-wise work that keeps shapes)."""

@@ -235,8 +235,8 @@ class Program:
         entry layouts (no move where they already fit the plan); plain arrays beside them are taken as
         replicated (every rank passes the whole array); the result is then a DistributedArray in the
         layout the plan chose, unless ``result`` (of the call, or ``'root'``/``'distributed'`` compiled) says
-        otherwise. ``result`` may also be a
-        layout (a Layout, ``'even'`` or text like ``'2x2: 0, 1'``): a DistributedArray in that layout.
+        otherwise. ``result`` may also be a layout (a Layout, ``'even'`` or text like ``'2x2: 0, 1'``): a
+        DistributedArray in that layout.
 
         Collective and checked before any work: all ranks agree on the equation, operand count,
         shapes, dtype, casting, modes, pinned layouts and communicator size, the plan (with the
@@ -326,7 +326,7 @@ class Program:
                 for n, a in enumerate(arrays):
                     if is_device_array(a) and self.device != "gpu":
                         raise DeinsumError(f"operand {n} is a GPU array: compile with device='gpu'")
-                types = [a.dtype if isinstance(a, DistributedArray) or is_device_array(a) else np.asarray(a).dtype
+                types = [a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype   # numpy, CuPy, DistributedArray
                          for a in arrays if not (inputs == "local" and a is None)]
                 if self.dtype is None and not types:
                     raise DeinsumError(f"rank {rank} passes no block to take the dtype from: pass the empty "
@@ -334,9 +334,8 @@ class Program:
                 dtype = as_dtype(self.dtype if self.dtype is not None else np.result_type(*types))
                 for n, t in enumerate(types):
                     check_cast(t, dtype, self.casting, f"operand {n}", DeinsumError)
-                shapes = (tuple(a.shape if isinstance(a, DistributedArray) or is_device_array(a) else np.shape(a)
-                                for a in arrays) if held else self.shapes if inputs == "local"
-                          else tuple(tuple(a.shape if is_device_array(a) else np.shape(a)) for a in arrays))
+                shapes = (self.shapes if inputs == "local" and not held   # np.shape reads .shape where there is one
+                          else tuple(tuple(np.shape(a)) for a in arrays))
                 if inputs != "root":
                     facts.update({"shapes": shapes, "dtype": dtype})
             failure = None

@@ -58,6 +58,7 @@ class SequencePlan:
     plans: tuple[Plan, ...]
     pins: tuple[tuple[str, object], ...]
     shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    memory: int | None = None
 
     @property
     def layouts(self) -> dict[str, Layout]:
@@ -67,7 +68,7 @@ class SequencePlan:
     @property
     def step_words(self) -> tuple[int, ...]:
         """Words the busiest rank receives in each step."""
-        return tuple(int(p.received_bytes().max(initial=0)) // p.dtype.itemsize for p in self.plans)
+        return tuple(_busiest_words(p) for p in self.plans)
 
     @property
     def total_words(self) -> int:
@@ -91,10 +92,10 @@ class SequencePlan:
     @cached_property
     def programs(self) -> tuple[Program, ...]:
         """One compiled program per step with its homes pinned: called with DistributedArrays at their
-        homes (and plain arrays for tensors pinned ``"replicated"``), each runs exactly its step's plan."""
-        shapes = dict(self.shapes)
-        return tuple(Program(s.equation, tuple(shapes[t] for t in s.inputs), self.nprocs, plan.dtype, plan.memory,
-                             "local", "distributed", layouts=_step_pins(s, self.layouts, dict(self.pins)))
+        homes (and plain arrays for tensors pinned ``"replicated"``), each runs exactly its step's plan
+        (the one planned here, from the plan cache)."""
+        shapes, pins = dict(self.shapes), dict(self.pins)
+        return tuple(_step_program(s, shapes, self.nprocs, plan.dtype, self.memory, self.layouts, pins)
                      for s, plan in zip(self.steps, self.plans))
 
     def to_dict(self) -> dict:
@@ -142,6 +143,18 @@ def reads_moved(step: SequenceStep, plan: Plan, name: str) -> bool:
                for m in plan.moves)
 
 
+def _busiest_words(plan: Plan) -> int:
+    """Words the busiest rank receives in ``plan``."""
+    return int(plan.received_bytes().max(initial=0)) // plan.dtype.itemsize
+
+
+def _step_program(step: SequenceStep, shapes: Mapping, nprocs: int, dtype, memory, homes: Mapping,
+                  pins: Mapping) -> Program:
+    """``step`` compiled with local inputs read from ``homes`` and its result left at its home."""
+    return Program(step.equation, tuple(shapes[t] for t in step.inputs), nprocs, dtype, memory, "local",
+                   "distributed", layouts=_step_pins(step, homes, pins))
+
+
 def _step_pins(step: SequenceStep, homes: Mapping[str, object], pins: Mapping[str, object]) -> dict:
     """A step's pinned layouts: its inputs at their homes (a pinned mode name kept as given) and its
     output at its home."""
@@ -173,13 +186,12 @@ def plan_sequence(steps: Sequence, shapes: Mapping[str, Sequence[int]], nprocs: 
     free = sorted({t for s in seq for t in s.inputs} - produced - set(pins))
 
     def program(step, homes):
-        return Program(step.equation, tuple(shapes[t] for t in step.inputs), nprocs, dtype, memory, "local",
-                       "distributed", layouts=_step_pins(step, homes, pins))
+        return _step_program(step, shapes, nprocs, dtype, memory, homes, pins)
 
     own = [program(s, {}).plan() for s in seq]     # each step on its own: inputs where it likes
 
     def busiest(plans):
-        return sum(int(p.received_bytes().max(initial=0)) for p in plans)
+        return sum(_busiest_words(p) for p in plans)
 
     def placed(free_homes):
         """Every step with the free tensors at ``free_homes`` and the produced ones where the step likes
@@ -208,7 +220,7 @@ def plan_sequence(steps: Sequence, shapes: Mapping[str, Sequence[int]], nprocs: 
     resolved = {**homes, **{n: pin_layout(spec, shapes[n], nprocs, n) for n, spec in pins.items()}}
     order = list(dict.fromkeys([t for s in seq for t in s.inputs] + [s.output for s in seq]))
     return SequencePlan(seq, nprocs, tuple((n, resolved[n]) for n in order), plans,
-                        tuple(sorted(pins.items())), tuple(sorted(shapes.items())))
+                        tuple(sorted(pins.items())), tuple(sorted(shapes.items())), memory)
 
 
 def _derived_shapes(seq: tuple[SequenceStep, ...], shapes: dict) -> dict:
