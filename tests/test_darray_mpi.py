@@ -92,6 +92,7 @@ attempt("call", lambda: deinsum.einsum("ij,jk->ik", mixed, None))
 attempt("fill", lambda: DistributedArray.full((4,), "abc", "2: 0", comm=comm))
 attempt("ragged", lambda: DistributedArray.scatter([[1.0, 2.0], [3.0]] if comm.rank == 0 else None, "even", comm))
 attempt("disagree", lambda: mixed.redistribute("2: 0, -" if comm.rank == 0 else "replicated"))
+attempt("root", lambda: mixed.gather(root=comm.rank % 2))
 '''
 
 
@@ -105,7 +106,8 @@ def test_bad_layouts_are_one_line_errors_on_every_rank(tmp_path):
                           ("redistribute", "needs 9 ranks"),
                           ("call", "operand 1 ('jk') has 2 indices but 0 dimensions"),
                           ("fill", "full: fill 'abc' is not a float64"), ("ragged", "scatter: rank 0's array"),
-                          ("disagree", "the ranks disagree on layout")]:
+                          ("disagree", "the ranks disagree on layout"),
+                          ("root", "the ranks disagree on gather root")]:
         mine = [line for line in lines if line.startswith(label + " rank")]
         assert len(mine) == 4, (label, mine)
         messages = {line.split(" ERROR ", 1)[-1] for line in mine}
