@@ -226,8 +226,9 @@ def _prod(values):
     return n
 
 
-def _gemm_seconds(m, k, n, calls=1, pieces=False):
-    """Modeled seconds of ``calls`` numpy GEMMs (m x k) @ (k x n), C order: small sizes run below peak.
+def _gemm_seconds(m, k, n, calls=1, pieces=False, short_k=48.0):
+    """Modeled seconds of ``calls`` numpy GEMMs (m x k) @ (k x n), C order: small sizes run below peak
+    (a k of ``short_k`` doubles the time per flop).
 
     Fitted on this machine's OpenBLAS, one thread: a narrow n (BLAS's m) costs more than a narrow m;
     with ``pieces`` (TTM steps through ``_matmul``: a short k), small-matrix kernels (up to 1e6
@@ -235,7 +236,7 @@ def _gemm_seconds(m, k, n, calls=1, pieces=False):
     """
     if pieces and (m * k * n <= _SMALL_GEMM or min(m, n) <= _NARROW):
         return calls * (-(-m * k * n // _SMALL_GEMM) * _CALL_SMALL + 2.0 * m * k * n / _SMALL_RATE)
-    eff = 1.0 / (1.0 + 4.0 / m + 48.0 / k + 24.0 / n)
+    eff = 1.0 / (1.0 + 4.0 / m + short_k / k + 24.0 / n)
     return calls * (2.0 * m * k * n / (_PEAK * eff) + _CALL)
 
 
@@ -333,15 +334,18 @@ def _mttkrp_strategy(subs, out, sizes):
         block = nr if extra <= budget else max(1, int(nr * budget // extra))
         chunks = -(-nr // block)
         if e == len(sx) and orient == "rows":
-            gemm = _gemm_seconds(a, k, block, chunks)
+            gemm = _gemm_seconds(a, k, block, chunks, short_k=6.0)
         elif e == len(sx) or s == 0:
-            gemm = _gemm_seconds(block, k, a * b, chunks) if orient == "cols" else _gemm_seconds(b, k, block, chunks)
+            gemm = _gemm_seconds(block, k, a * b, chunks, short_k=6.0) if orient == "cols" else \
+                _gemm_seconds(b, k, block, chunks, short_k=6.0)
         else:
-            gemm = _gemm_seconds(block, k, b, a * chunks) if orient == "cols" else \
-                _gemm_seconds(b, k, block, a * chunks)
-        # measured here: OpenBLAS streams X fastest as KR^T @ X with X untransposed (its packed A operand)
-        gemm /= 0.6 if orient == "rows" else 0.7 if e == len(sx) else 1.0
-        seconds = gemm + _ELEM * (extra + (a * b * nr if rest > 1 else 0))
+            gemm = _gemm_seconds(block, k, b, a * chunks, short_k=6.0) if orient == "cols" else \
+                _gemm_seconds(b, k, block, a * chunks, short_k=6.0)
+        # fitted on 26 MTTKRP shapes here (orders 3-5, R = 8-48, every variant timed): OpenBLAS streams X
+        # fastest as KR^T @ X with X untransposed (its packed A operand), and a short k loses little; the
+        # elementwise passes are the Khatri-Rao product, T, the rest's weights and the Hadamard-sum's read of T
+        gemm /= 0.5 if orient == "rows" else 0.7 if e == len(sx) else 1.0
+        seconds = gemm + _ELEM * ((k + a * b + rest) * nr + (a * b * nr / 4 if rest > 1 else 0))
         if best is None or seconds < best[0]:
             best = (seconds, s, e, orient, block)
     _, s, e, orient, block = best
@@ -410,10 +414,9 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
             w = _khatri_rao([factors[q][:, cols] for q in rest]).reshape([dims[q] for q in rest] + [-1])
             w_axes = [q for q in t_axes if q in rest or q == n]
             w = xp.ascontiguousarray(w.transpose([(rest + [n]).index(q) for q in w_axes]))
-            if xp is np:
-                np.einsum(t, t_axes, w, w_axes, res_axes, out=res[..., cols])
-            else:   # CuPy's einsum takes no out=
-                res[..., cols] = xp.einsum(t, t_axes, w, w_axes, res_axes)
+            # no out=: numpy's einsum then picks the output order its loops run fastest in (into a C-ordered
+            # out= it took 6.7 ms instead of 0.8 here: ijk,ia,ja->ka at 256^3, R = 24); the copy is small
+            res[..., cols] = xp.einsum(t, t_axes, w, w_axes, res_axes)
         else:
             res[..., cols] = np.einsum(t, t_axes, res_axes)
         del kr, t  # before the next block's Khatri-Rao product
