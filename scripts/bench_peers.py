@@ -5,7 +5,11 @@ CTF ``ctf.einsum`` on tensors made before timing, the compiled deinsum program
 (``inputs="local"``: each rank passes its block; ``result="distributed"``), the
 local kernel alone (``contract_group`` of the whole statement on a 1/P slab: the
 first output index split evenly, factors whole), and at P = 1 ``opt_einsum.contract``.
-Calls are interleaved (the order rotates per repetition), each between barriers,
+Calls are interleaved (the order rotates per repetition), each between barriers and, with
+``--cache cold`` (the default), after a pass over twice the last-level cache, so every side starts
+cold (with the 260 MiB L3 here the operands would otherwise stay cached from the side before,
+which favoured whichever side ran next); ``--cache warm`` runs each call three times untimed just
+before (steady state: here a kernel's first three calls after a 200 ms pause run up to 40% slower),
 with 1 BLAS/OpenMP thread per rank (environment set before import, enforced with
 threadpoolctl; TBLIS set to 1 thread). Every result is checked against numpy.
 GFLOP/s count opt_einsum's optimal-path FLOPs; at P = 1 a 1-thread numpy 2048^3 dgemm
@@ -77,7 +81,14 @@ def worker(spec_path: str, out_path: str) -> int:
     if _tblis is not None:
         _tblis.set_num_threads(1)
 
+    flush = np.zeros(max(1 << 20, 2 * last_level_cache() // comm.size // 8)) if spec["cache"] == "cold" else None
+
     def timed(fn):
+        if flush is not None:   # every call starts cold: the ranks pass over twice the last-level cache
+            np.add(flush, 1.0, out=flush)
+        else:                   # warm: the same call three times, untimed, just before (steady state)
+            for _ in range(3):
+                fn()
         comm.Barrier()
         start = time.perf_counter()
         value = fn()
@@ -234,6 +245,15 @@ def _op(name):
 # ---------------------------------------------------------------------------------------------------------
 # driver
 # ---------------------------------------------------------------------------------------------------------
+def last_level_cache() -> int:
+    """Bytes of the largest CPU cache (sysfs), 256 MiB where it cannot be read."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip()
+        sizes.append(int(text[:-1]) << {"K": 10, "M": 20, "G": 30}[text[-1]] if text[-1] in "KMG" else int(text))
+    return max(sizes, default=256 << 20)
+
+
 def median(values):
     v = sorted(values)
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
@@ -351,12 +371,15 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS), metavar="KERNEL")
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--scale", type=float, default=1.0, help="scale the large sizes (quick looks)")
+    ap.add_argument("--cache", choices=("cold", "warm"), default="cold",
+                    help="cold: each timed call after a pass over twice the last-level cache; warm: right after "
+                         "the same call three times, untimed (steady state, its operands in cache)")
     ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--out", default=str(ROOT / "bench-results" / "peers"))
+    ap.add_argument("--out", help="output stem (default bench-results/peers, or peers-warm with --cache warm)")
     args = ap.parse_args(argv)
     if args.worker:
         return worker(*args.worker)
-    spec = {"kernels": args.kernels, "repeat": args.repeat, "scale": args.scale}
+    spec = {"kernels": args.kernels, "repeat": args.repeat, "scale": args.scale, "cache": args.cache}
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for p in args.procs:
@@ -376,8 +399,13 @@ def main(argv=None) -> int:
         f"- BLAS in the processes: {'; '.join(first['blas'])} (OPENBLAS_CORETYPE={blas_coretype()} for every "
         "OpenBLAS: CTF's Debian OpenBLAS 0.3.21 would otherwise run its generic Prescott kernels on this VM)",
         f"- CTF: {first['ctf'] or first['ctf_skipped']}",
-        f"- median of {args.repeat} interleaved calls per side [min, max], each between barriers; "
-        f"inputs already distributed (deinsum inputs='local', result='distributed'; CTF tensors made before timing)",
+        f"- median of {args.repeat} interleaved calls per side [min, max], each between barriers and "
+        + (f"cold: before each call the ranks write over twice the last-level cache ({last_level_cache() >> 20} MiB), "
+           f"so no side finds the operands the side before it left in cache; " if args.cache == "cold" else
+           "warm: each timed call right after the same call three times, untimed (its operands in the "
+           f"{last_level_cache() >> 20} MiB last-level cache where they fit; here a kernel's first three calls after a "
+           "200 ms pause, of any kind, run up to 40% slower); ")
+        +         f"inputs already distributed (deinsum inputs='local', result='distributed'; CTF tensors made before timing)",
         "- local kernel: contract_group of the whole statement on this rank's 1/P slab (first output index split "
         "evenly, other operands whole); its GFLOP/s count opt_einsum's optimal-path FLOPs",
         "- dgemm (numpy 2048^3, 1 thread, same launch, before/after): " + "; ".join(
@@ -396,7 +424,7 @@ def main(argv=None) -> int:
     text = "\n".join(["# deinsum side by side with CTF", "", "Conditions:", ""] + conditions + [""] + table(runs)
                      + ["", "Acceptance (issue 14), deinsum = the compiled program; local = contract_group alone:", ""]
                      + acceptance(runs) + grids) + "\n"
-    out = Path(args.out)
+    out = Path(args.out or ROOT / "bench-results" / ("peers" if args.cache == "cold" else "peers-warm"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text)
     out.with_suffix(".json").write_text(json.dumps({"conditions": conditions, "runs": runs}, indent=1))

@@ -46,11 +46,20 @@ def agree(comm, facts, failure=None, error=ValueError):
     ``failure`` (a message, or None). One ``allgather`` of a digest of the facts and the
     failure; then every rank raises the same one-line ``error`` if any rank failed (the
     lowest such rank's message, naming it) or if the facts differ (each differing fact with
-    the ranks that hold each value), else returns None on every rank.
+    the ranks that hold each value), else returns None on every rank. On one rank there is
+    nobody to disagree with: no allgather, its failure raised as is.
 
     >>> agree(MPI.COMM_SELF, {"dtype": "float64"}, error=KeyError) is None
     True
+    >>> agree(MPI.COMM_SELF, {}, "operand 0:\n  bad", error=KeyError)
+    Traceback (most recent call last):
+    ...
+    KeyError: 'operand 0: bad'
     """
+    if comm.Get_size() == 1:   # nobody to disagree with: no digest, no allgather
+        if failure is not None:
+            raise error(_one_line(failure))
+        return None
     facts = {str(k): repr(v) for k, v in facts.items()}
     digest = hashlib.sha256(repr(sorted(facts.items())).encode()).hexdigest()[:16]
     gathered = comm.allgather((None if failure is None else _one_line(failure), digest))

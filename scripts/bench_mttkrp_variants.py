@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Every MTTKRP GEMM variant timed, next to the one the kernel's cost model picks (one core).
+
+For each shape and mode, ``contract_group``'s MTTKRP runs every variant (which run of factored
+axes one GEMM contracts, X^T KR or KR^T X; all rank columns at once) on the same operands;
+medians of --repeat calls after a warm-up. The report lists, per shape and mode, the fastest
+variant, the model's pick and its loss (pick / fastest - 1), and the sum of losses: the
+constants of ``deinsum.codegen.kernels._mttkrp_strategy`` were fitted on this table.
+
+    python scripts/bench_mttkrp_variants.py [--repeat 5] [--out bench-results/mttkrp-variants.md]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import numpy as np  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from deinsum.codegen import kernels as K  # noqa: E402
+
+#: (X's dims, R): the suite's orders 3 and 5, and shapes around them (in and out of cache, uneven, R = 8..48)
+SHAPES = [((256, 256, 256), 24), ((24,) * 5, 24), ((128, 128, 128), 16), ((32,) * 4, 32),
+          ((512, 64, 256), 24), ((16,) * 5, 48), ((64, 256, 512), 8)]
+LABELS = "ijklm"
+
+
+def median_seconds(fn, repeat):
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def measure(dims, nr, repeat, rng):
+    """[(mode, {variant: seconds}, model's variant)] for X of ``dims`` and rank ``nr``."""
+    x = rng.standard_normal(dims)
+    factors = [rng.standard_normal((n, nr)) for n in dims]
+    sx = LABELS[:len(dims)]
+    rows = []
+    for mode in range(len(dims)):
+        subs = [sx] + [c + "a" for q, c in enumerate(sx) if q != mode]
+        ops = [x] + [f for q, f in enumerate(factors) if q != mode]
+        out = sx[mode] + "a"
+        axes = [q for q in range(len(dims)) if q != mode]
+        times = {}
+        for s, e, orient in K._mttkrp_variants(len(dims), axes):
+            if K._prod(dims[s:e]) * nr > 4e6:        # a Khatri-Rao product of over 32 MB: never a contender
+                continue
+            params = (0, "a", (s, e, orient, nr))
+            times[(s, e, orient)] = median_seconds(lambda: K._run_mttkrp(subs, out, ops, x.dtype, params), repeat)
+        picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops))[2][2][:3]
+        rows.append((mode, times, picked))
+    return rows
+
+
+def variant_name(dims, variant):
+    s, e, orient = variant
+    return f"GEMM over ({','.join(LABELS[s:e])}) {'X^T KR' if orient == 'rows' else 'KR^T X'}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "mttkrp-variants.md")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    lines = ["# MTTKRP variants: every GEMM variant timed, and the cost model's pick", "",
+             f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.node()}, "
+             f"{os.cpu_count()} cores; numpy {np.__version__}, 1 BLAS thread; float64; median of "
+             f"{args.repeat} calls after a warm-up", "",
+             "| X | R | mode | variants | fastest (ms) | model's pick (ms) | loss |", "|---|---|---|---|---|---|---|"]
+    total = 0.0
+    with threadpool_limits(limits=1):
+        for dims, nr in SHAPES:
+            for mode, times, picked in measure(dims, nr, args.repeat, rng):
+                fastest = min(times, key=times.get)
+                loss = times[picked] / times[fastest] - 1
+                total += loss
+                lines.append(f"| {'x'.join(map(str, dims))} | {nr} | {LABELS[mode]} | {len(times)} | "
+                             f"{variant_name(dims, fastest)} ({1e3 * times[fastest]:.2f}) | "
+                             f"{variant_name(dims, picked)} ({1e3 * times[picked]:.2f}) | {100 * loss:.0f}% |")
+                print(lines[-1], flush=True)
+    lines += ["", f"Sum of losses: {total:.2f} (0 = the model picks the fastest variant everywhere)."]
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
