@@ -5,7 +5,7 @@ CTF ``ctf.einsum`` on tensors made before timing, the compiled deinsum program
 (``inputs="local"``: each rank passes its block; ``result="distributed"``), the
 local kernel alone (``contract_group`` of the whole statement on a 1/P slab: the
 first output index split evenly, factors whole), and at P = 1 ``opt_einsum.contract``.
-Calls are interleaved (the order rotates per repetition), each between barriers and, with
+Calls are interleaved (in a new seeded order each repetition), each between barriers and, with
 ``--cache cold`` (the default), after a pass over twice the last-level cache, so every side starts
 cold (with the 260 MiB L3 here the operands would otherwise stay cached from the side before,
 which favoured whichever side ran next); ``--cache warm`` runs each call three times untimed just
@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import subprocess
 import sys
 import tempfile
@@ -214,8 +215,8 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
         calls[side]()                                          # warm
     seconds = {side: [] for side in calls}
     order = [s for s in SIDES if s in calls]
-    for k in range(repeat):
-        for side in order[k % len(order):] + order[:k % len(order)]:
+    for k in range(repeat):   # a new order each repetition (the same on every rank): no side always follows another
+        for side in random.Random(k).sample(order, len(order)):
             seconds[side].append(timed(calls[side])[0])
     if rank == 0:
         print(f"P={size} {name}: " + ", ".join(f"{s} {1e3 * float(np.median(v)):.1f} ms" for s, v in seconds.items())
@@ -399,7 +400,8 @@ def main(argv=None) -> int:
         f"- BLAS in the processes: {'; '.join(first['blas'])} (OPENBLAS_CORETYPE={blas_coretype()} for every "
         "OpenBLAS: CTF's Debian OpenBLAS 0.3.21 would otherwise run its generic Prescott kernels on this VM)",
         f"- CTF: {first['ctf'] or first['ctf_skipped']}",
-        f"- median of {args.repeat} interleaved calls per side [min, max], each between barriers and "
+        f"- median of {args.repeat} interleaved calls per side [min, max] (a new seeded order of the sides each "
+        "repetition), each between barriers and "
         + (f"cold: before each call the ranks write over twice the last-level cache ({last_level_cache() >> 20} MiB), "
            f"so no side finds the operands the side before it left in cache; " if args.cache == "cold" else
            "warm: each timed call right after the same call three times, untimed (its operands in the "

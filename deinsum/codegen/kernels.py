@@ -334,13 +334,12 @@ def _mttkrp_strategy(subs, out, sizes):
         block = nr if extra <= budget else max(1, int(nr * budget // extra))
         chunks = -(-nr // block)
         if e == len(sx) and orient == "rows":
-            gemm = _gemm_seconds(a, k, block, chunks, short_k=6.0)
+            shape = (a, k, block, chunks)
         elif e == len(sx) or s == 0:
-            gemm = _gemm_seconds(block, k, a * b, chunks, short_k=6.0) if orient == "cols" else \
-                _gemm_seconds(b, k, block, chunks, short_k=6.0)
+            shape = (block, k, a * b, chunks) if orient == "cols" else (b, k, block, chunks)
         else:
-            gemm = _gemm_seconds(block, k, b, a * chunks, short_k=6.0) if orient == "cols" else \
-                _gemm_seconds(b, k, block, a * chunks, short_k=6.0)
+            shape = (block, k, b, a * chunks) if orient == "cols" else (b, k, block, a * chunks)
+        gemm = _gemm_seconds(*shape, short_k=6.0)
         # fitted on 26 MTTKRP shapes here (orders 3-5, R = 8-48, every variant timed): OpenBLAS streams X
         # fastest as KR^T @ X with X untransposed (its packed A operand), and a short k loses little; the
         # elementwise passes are the Khatri-Rao product, T, the rest's weights and the Hadamard-sum's read of T
