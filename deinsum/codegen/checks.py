@@ -51,7 +51,7 @@ def agree(comm, facts, failure=None, error=ValueError):
 
     >>> agree(MPI.COMM_SELF, {"dtype": "float64"}, error=KeyError) is None
     True
-    >>> agree(MPI.COMM_SELF, {}, "operand 0:\n  bad", error=KeyError)
+    >>> agree(MPI.COMM_SELF, {}, "operand 0:   bad", error=KeyError)
     Traceback (most recent call last):
     ...
     KeyError: 'operand 0: bad'
