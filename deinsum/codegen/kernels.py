@@ -417,7 +417,7 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
             # out= it took 6.7 ms instead of 0.8 here: ijk,ia,ja->ka at 256^3, R = 24); the copy is small
             res[..., cols] = xp.einsum(t, t_axes, w, w_axes, res_axes)
         else:
-            res[..., cols] = np.einsum(t, t_axes, res_axes)
+            res[..., cols] = xp.einsum(t, t_axes, res_axes)
         del kr, t  # before the next block's Khatri-Rao product
     return res.transpose([res_axes.index(q) for q in out_axes])
 
