@@ -142,6 +142,7 @@ class Program:
     last_plan: Plan | None = field(default=None, init=False, repr=False)
     _runtimes: dict = field(default_factory=dict, init=False, repr=False)
     _devices: dict = field(default_factory=dict, init=False, repr=False)
+    _checked_call: tuple | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if self.shapes is not None:
@@ -260,11 +261,18 @@ class Program:
         if inputs == "root":   # the other ranks learn rank 0's shapes and dtype
             shapes, dtype = comm.bcast((shapes, dtype), root=0)
         blocks = [a.local if isinstance(a, DistributedArray) else a for a in arrays]
-        plan = collectively(comm, self.plan, shapes, comm.size, dtype, inputs, result, dict(pins),
-                            error=DeinsumError)
-        memory = comm.allreduce(plan.memory, op=MPI.MIN)     # ranks may measure different free memory
+        # the agreed facts of this call (the same on every rank, and so is whether they repeat the last checked call)
+        call = (shapes, dtype, inputs, result, pins, self.memory, self.device, comm.py2f(), comm.size)
+        if self._checked_call is not None and self._checked_call[0] == call:
+            plan = self._checked_call[1]          # planned, its memory agreed and checked then
+            memory = plan.memory
+        else:
+            plan = collectively(comm, self.plan, shapes, comm.size, dtype, inputs, result, dict(pins),
+                                error=DeinsumError)
+            memory = comm.allreduce(plan.memory, op=MPI.MIN)     # ranks may measure different free memory
         plan, operands = collectively(comm, self._checked, plan, memory, shapes, blocks, comm.rank, pins,
                                       error=DeinsumError)
+        self._checked_call = (call, plan)
         if self.threads == "auto" and not _PINNED:
             pin_blas_threads(comm)
             _PINNED.append(comm.size)

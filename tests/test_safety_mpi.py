@@ -109,13 +109,20 @@ def test_a_bad_local_block_on_one_rank_raises_on_every_rank_and_nobody_hangs(tmp
         prog = deinsum.compile("ij,jk->ik", (6, 8), (8, 5), inputs="local", result="all")
         blocks = prog.input_blocks(rank, P)
         x, a = X[blocks[0]], A[blocks[1]]
+        attempt("first", lambda: prog(x, a), want=X @ A)
         attempt("bad", lambda: prog(x[:, :-1] if rank == 2 else x, a))   # the app catches the error
         attempt("good", lambda: prog(x, a), want=X @ A)
+        attempt("again", lambda: prog(x, a), want=X @ A)                 # a repeated call: not planned again
+        prog.memory = 10                                                 # a changed program: planned again
+        attempt("small", lambda: prog(x, a))
     '''), tmp_path=tmp_path, timeout=120)
     assert_clean(res, code=3)
+    assert outcome(res.stdout, "first", 4) == "right"
     assert re.match(r"rank 2: operand 0: rank 2 must pass its block of shape \(\d+, \d+\)",
                     outcome(res.stdout, "bad", 4))
     assert outcome(res.stdout, "good", 4) == "right"
+    assert outcome(res.stdout, "again", 4) == "right"
+    assert "memory" in outcome(res.stdout, "small", 4)
 
 
 # ---- row 4: a plan that does not fit in memory is refused before anything is allocated --------------
