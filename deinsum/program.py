@@ -261,11 +261,17 @@ class Program:
         if inputs == "root":   # the other ranks learn rank 0's shapes and dtype
             shapes, dtype = comm.bcast((shapes, dtype), root=0)
         blocks = [a.local if isinstance(a, DistributedArray) else a for a in arrays]
-        # the agreed facts of this call (the same on every rank, and so is whether they repeat the last checked call)
-        call = (shapes, dtype, inputs, result, pins, self.memory, self.device, comm.py2f(), comm.size)
-        if self._checked_call is not None and self._checked_call[0] == call:
-            plan = self._checked_call[1]          # planned, its memory agreed and checked then
-            memory = plan.memory
+        # a repeat of this rank's last checked call reuses its plan, if every rank repeats a call with the same
+        # memory: each rank's cache holds its own last call (on any communicator), so the ranks vote, in one
+        # small allreduce instead of planning, an allgather and an allreduce
+        call = (self.equation, shapes, dtype, inputs, result, pins, self.memory, self.device, comm.size)
+        cached = self._checked_call[1] if self._checked_call and self._checked_call[0] == call else None
+        words = cached.memory if cached is not None else 0
+        vote = np.array([cached is not None, words, -words], dtype=np.int64)
+        if comm.size > 1:
+            comm.Allreduce(MPI.IN_PLACE, vote, op=MPI.MIN)
+        if vote[0] and vote[1] == -vote[2]:
+            plan, memory = cached, words
         else:
             plan = collectively(comm, self.plan, shapes, comm.size, dtype, inputs, result, dict(pins),
                                 error=DeinsumError)

@@ -2,7 +2,8 @@
 """Every MTTKRP GEMM variant timed, next to the one the kernel's cost model picks (one core).
 
 For each shape and mode, ``contract_group``'s MTTKRP runs every variant (which run of factored
-axes one GEMM contracts, X^T KR or KR^T X; all rank columns at once) on the same operands;
+axes one GEMM contracts, X^T KR or KR^T X; all rank columns at once, the model's pick as it runs;
+variants with a Khatri-Rao product over 32 MB are left out) on the same operands, one after another;
 medians of --repeat calls after a warm-up. The report lists, per shape and mode, the fastest
 variant, the model's pick and its loss (pick / fastest - 1), and the sum of losses: the
 constants of ``deinsum.codegen.kernels._mttkrp_strategy`` were fitted on this table.
@@ -54,14 +55,14 @@ def measure(dims, nr, repeat, rng):
         ops = [x] + [f for q, f in enumerate(factors) if q != mode]
         out = sx[mode] + "a"
         axes = [q for q in range(len(dims)) if q != mode]
+        picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops))[2][2]      # (s, e, orient, block)
         times = {}
         for s, e, orient in K._mttkrp_variants(len(dims), axes):
-            if K._prod(dims[s:e]) * nr > 4e6:        # a Khatri-Rao product of over 32 MB: never a contender
-                continue
-            params = (0, "a", (s, e, orient, nr))
+            if (s, e, orient) != picked[:3] and K._prod(dims[s:e]) * nr > 4e6:   # a Khatri-Rao product of
+                continue                                                          # over 32 MB: no contender
+            params = (0, "a", picked if (s, e, orient) == picked[:3] else (s, e, orient, nr))
             times[(s, e, orient)] = median_seconds(lambda: K._run_mttkrp(subs, out, ops, x.dtype, params), repeat)
-        picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops))[2][2][:3]
-        rows.append((mode, times, picked))
+        rows.append((mode, times, picked[:3]))
     return rows
 
 

@@ -27,7 +27,8 @@ n t1 / (t0 + n t1) of its compute rate.
     PYTHONPATH=. python scripts/bench_peers.py --procs 1 2 --repeat 9
     python scripts/bench_peers.py --kernels 1MM --scale 0.25 --repeat 3    # a quick look
 
-Writes bench-results/peers.json (every timing) and bench-results/peers.md (table + conditions).
+Writes bench-results/peers.json (every timing) and bench-results/peers.md (table + conditions), or
+peers-warm.{json,md} with ``--cache warm``.
 """
 from __future__ import annotations
 
@@ -402,7 +403,7 @@ def main(argv=None) -> int:
         f"- CTF: {first['ctf'] or first['ctf_skipped']}",
         f"- median of {args.repeat} interleaved calls per side [min, max] (a new seeded order of the sides each "
         "repetition), each between barriers and "
-        + (f"cold: before each call the ranks write over twice the last-level cache ({last_level_cache() >> 20} MiB), "
+        + (f"cold: before each call the ranks write over twice the last-level cache (2 x {last_level_cache() >> 20} MiB), "
            f"so no side finds the operands the side before it left in cache; " if args.cache == "cold" else
            "warm: each timed call right after the same call three times, untimed (its operands in the "
            f"{last_level_cache() >> 20} MiB last-level cache where they fit; here a kernel's first three calls after a "

@@ -112,7 +112,11 @@ def test_a_bad_local_block_on_one_rank_raises_on_every_rank_and_nobody_hangs(tmp
         attempt("first", lambda: prog(x, a), want=X @ A)
         attempt("bad", lambda: prog(x[:, :-1] if rank == 2 else x, a))   # the app catches the error
         attempt("good", lambda: prog(x, a), want=X @ A)
+        planned = []
+        prog.plan = lambda *args, **kw: planned.append(1) or type(prog).plan(prog, *args, **kw)
         attempt("again", lambda: prog(x, a), want=X @ A)                 # a repeated call: not planned again
+        attempt("unplanned", lambda: None if planned else x, want=x)
+        del prog.plan
         prog.memory = 10                                                 # a changed program: planned again
         attempt("small", lambda: prog(x, a))
     '''), tmp_path=tmp_path, timeout=120)
@@ -122,7 +126,30 @@ def test_a_bad_local_block_on_one_rank_raises_on_every_rank_and_nobody_hangs(tmp
                     outcome(res.stdout, "bad", 4))
     assert outcome(res.stdout, "good", 4) == "right"
     assert outcome(res.stdout, "again", 4) == "right"
+    assert outcome(res.stdout, "unplanned", 4) == "right"
     assert "memory" in outcome(res.stdout, "small", 4)
+
+
+# ---- repeated calls reuse their plan only when every rank repeats the same call -----------------------
+def test_a_plan_is_reused_only_when_every_rank_repeats_its_call(tmp_path):
+    res = run_mpi(3, job('''
+        X, A = np.arange(30.).reshape(6, 5), np.arange(20.).reshape(5, 4)
+        prog = deinsum.compile("ij,jk->ik", memory=10**7)
+        attempt("first", lambda: prog(X, A), want=X @ A)
+        if rank == 0:                                   # a call of rank 0 alone: only its cache moves on
+            attempt("alone", lambda: prog(X, A, comm=MPI.COMM_SELF), want=X @ A)
+        attempt("after alone", lambda: prog(X, A), want=X @ A)
+        if rank == 1:                                   # one rank's memory changes: everyone plans again
+            prog.memory = 2 * 10**7
+        attempt("one memory", lambda: prog(X, A), want=X @ A)
+        prog.equation = "ij,jk->ki"                     # a changed equation is planned again
+        attempt("equation", lambda: prog(X, A), want=(X @ A).T)
+        part = comm.Split(rank // 2)                    # another communicator of the same size as an old one
+        attempt("split", lambda: prog(X, A, comm=part), want=(X @ A).T)
+    '''), tmp_path=tmp_path, timeout=120)
+    assert_clean(res, code=0)
+    for label in ("first", "after alone", "one memory", "equation", "split"):
+        assert outcome(res.stdout, label, 3) == "right", label
 
 
 # ---- row 4: a plan that does not fit in memory is refused before anything is allocated --------------
