@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .codegen.checks import agree, check_cast, check_output_path, collectively, write_atomically
+from .codegen.checks import agree, check_cast, check_output_path, collectively, node_place, write_atomically
 from .codegen.emit import generate
 from .codegen.gpu import is_device_array, open_device
 from .codegen.kernels import contract_pair, unary
@@ -280,7 +280,7 @@ class Program:
                                       error=DeinsumError)
         self._checked_call = (call, plan)
         if self.threads == "auto" and not _PINNED:
-            pin_blas_threads(comm)
+            pin_blas_threads(node_place(comm)[1])
             _PINNED.append(comm.size)
         device = None
         if self.device == "gpu":   # opened once per communicator; collective, one error everywhere

@@ -248,11 +248,15 @@ def memory_available(ranks_on_node):
     return available_memory() // max(1, ranks_on_node)
 
 
-def ranks_on_node(comm):
-    """Collective: how many ranks of ``comm`` share this rank's node."""
+def node_place(comm):
+    """Collective: this rank's index among the ranks of ``comm`` on its node, and how many they are.
+
+    >>> node_place(MPI.COMM_SELF)
+    (0, 1)
+    """
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return node.Get_size()
+        return node.Get_rank(), node.Get_size()
     finally:
         node.Free()
 

@@ -17,7 +17,7 @@ from mpi4py import MPI
 from ..footprint import peak_bytes
 from ..redistribute import rank_tables
 from .checks import agree, check_memory, check_output_path, collectively, load_npy, matches, memory_available
-from .checks import ranks_on_node
+from .checks import node_place
 from .checks import save_atomically, validation_operands
 from .kernels import reference_einsum
 from .runtime import PHASES, Runtime, pin_blas_threads
@@ -83,7 +83,7 @@ def script_main(ns, argv=None):
     args = parser.parse_args(argv)
     # every check before any work, agreed by all ranks: one error everywhere, never a hang
     operands, failure = None, None
-    node_ranks = ranks_on_node(comm)   # collective, so before anything that may raise
+    node_ranks = node_place(comm)[1]   # collective, so before anything that may raise
     try:
         if comm.size != ns["NPROCS"]:
             raise ProgramError(f"this program was planned for {ns['NPROCS']} ranks, not {comm.size}: "
@@ -120,7 +120,7 @@ def script_main(ns, argv=None):
             if comm.rank == 0:
                 print(f"error: {exc}", file=sys.stderr)
             return 2
-    threads = pin_blas_threads(comm)
+    threads = pin_blas_threads(node_ranks)
     runs = []
     with script_runtime(ns, comm, device) as rt:
         for _ in range(args.repeat):

@@ -26,7 +26,7 @@ import os
 
 from mpi4py import MPI
 
-from .checks import collectively
+from .checks import collectively, node_place
 from .kernels import contract_group
 
 
@@ -179,7 +179,4 @@ class Device:
 def open_device(comm, error=RuntimeError):
     """This rank's :class:`Device` (collective on ``comm``): ranks of a node share its GPUs round-robin.
     Where any rank cannot use a GPU, every rank raises the same one-line ``error``."""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local, size = node.Get_rank(), node.Get_size()
-    node.Free()
-    return collectively(comm, Device, local, size, error, error=error)
+    return collectively(comm, Device, *node_place(comm), error, error=error)

@@ -57,20 +57,18 @@ class Clock:
         return False
 
 
-def pin_blas_threads(comm):
-    """Lower BLAS (and TBLIS) threads so that ranks on this node x threads <= cores (needs threadpoolctl).
+def pin_blas_threads(node_ranks):
+    """Lower BLAS (and TBLIS) threads so that ``node_ranks`` (the ranks on this node) x threads <= cores
+    (needs threadpoolctl).
 
-    Never raises a limit the caller set. Collective on ``comm``. Returns the
-    threads per rank, or None without threadpoolctl.
+    Never raises a limit the caller set. Returns the threads per rank, or None without threadpoolctl.
     """
     try:
         from threadpoolctl import threadpool_info, threadpool_limits
     except ImportError:  # optional in emitted scripts
         return None
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     now = max((pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"), default=1)
-    threads = max(1, min(now, (os.cpu_count() or 1) // node.size))
-    node.Free()
+    threads = max(1, min(now, (os.cpu_count() or 1) // node_ranks))
     threadpool_limits(threads, user_api="blas")
     try:  # TBLIS (the transposes of the `fast` extra) keeps its own thread count
         import pytblis
