@@ -502,7 +502,7 @@ def _run_ttm(subs, out, blocks, dtype, params):
     for r0 in range(0, xb.shape[0], rows):
         t, labels = _ttm_chain(xb[r0:r0 + rows], list(subs[x]), subs, blocks, order, kinds)
         if res is None:
-            res = array_module(xb).empty((xb.shape[0],) + t.shape[1:], dtype=t.dtype)
+            res = np.empty((xb.shape[0],) + t.shape[1:], dtype=t.dtype)
         res[r0:r0 + rows] = t
     return res.transpose([labels.index(c) for c in out])
 
