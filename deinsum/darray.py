@@ -99,8 +99,8 @@ class DistributedArray:
 
         def check():
             whole = np.asarray(array)
-            if _not_numbers(whole.dtype, "from_global"):
-                raise DeinsumError(_not_numbers(whole.dtype, "from_global"))
+            if failure := _not_numbers(whole.dtype, "from_global"):
+                raise DeinsumError(failure)
             return whole, as_layout(layout, whole.shape, comm.size)
 
         array, layout = collectively(comm, check, error=DeinsumError)
@@ -176,12 +176,16 @@ class DistributedArray:
     def with_local(self, local: np.ndarray | None, shape=None) -> DistributedArray:
         """The same distribution with new blocks (a local computation that keeps block boundaries);
         ``shape`` is the new global shape where the last axis changed length (it must then be whole)."""
-        layout = self.layout
-        if shape is not None and tuple(shape) != layout.shape:
-            if len(shape) != self.ndim or tuple(shape[:-1]) != layout.shape[:-1] or layout.axes[-1] is not None:
-                raise DeinsumError(f"with_local: new shape {tuple(shape)} from {layout.shape} under {layout.spec()}: "
-                                   f"only an unsplit last axis may change length")
-            layout = Layout(tuple(shape), layout.grid, layout.axes, layout.partial)
+        def check():
+            layout = self.layout
+            if shape is not None and tuple(shape) != layout.shape:
+                if len(shape) != self.ndim or tuple(shape[:-1]) != layout.shape[:-1] or layout.axes[-1] is not None:
+                    raise DeinsumError(f"with_local: new shape {tuple(shape)} from {layout.shape} under "
+                                       f"{layout.spec()}: only an unsplit last axis may change length")
+                layout = Layout(tuple(shape), layout.grid, layout.axes, layout.partial)
+            return layout
+
+        layout = collectively(self.comm, check, error=DeinsumError)   # a bad shape on one rank fails on all
         return DistributedArray(*_agreed_blocks(self.comm, local, self.dtype), layout=layout, comm=self.comm)
 
     # ---- what it is -----------------------------------------------------------------------------
@@ -256,9 +260,10 @@ class DistributedArray:
         comm = self.comm
         if root is None:
             return self.redistribute(Layout.replicated(self.shape, comm.size)).local
-        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < comm.size:
-            raise DeinsumError(f"gather: root {root!r} is not a rank of a communicator of {comm.size}")
-        agree(comm, {"gather root": int(root)}, error=DeinsumError)   # else a Send or Recv would wait forever
+        valid = not isinstance(root, bool) and isinstance(root, (int, np.integer)) and 0 <= root < comm.size
+        failure = None if valid else f"gather: root {root!r} is not a rank of a communicator of {comm.size}"
+        # agreed before any point-to-point (else a Send or Recv would wait forever), a bad root on one rank too
+        agree(comm, {"gather root": int(root) if valid else None}, failure, error=DeinsumError)
         whole = self.redistribute(Layout.on_root(self.shape, comm.size)).local
         if root != 0:      # the root's copy comes from rank 0, point to point
             if comm.rank == 0:
@@ -280,10 +285,13 @@ class DistributedArray:
     def matmul(self, matrix: np.ndarray) -> DistributedArray:
         """``A @ matrix`` with a small ``matrix`` every rank holds (e.g. a CP-ALS update ``M pinv(V)``):
         the last axis is gathered where split, multiplied locally, and the result keeps ``A``'s layout."""
-        matrix = np.asarray(matrix)
-        if matrix.ndim != 2 or matrix.shape[0] != self.shape[-1]:
-            raise DeinsumError(f"matmul: {self.shape} @ {matrix.shape}: the matrix must be "
-                               f"({self.shape[-1]}, n)")
+        def check():
+            if np.ndim(matrix) != 2 or np.shape(matrix)[0] != self.shape[-1]:
+                raise DeinsumError(f"matmul: {self.shape} @ {np.shape(matrix)}: the matrix must be "
+                                   f"({self.shape[-1]}, n)")
+            return np.asarray(matrix)
+
+        matrix = collectively(self.comm, check, error=DeinsumError)   # a bad matrix on one rank fails on all
         whole = self.rows()
         local = None if whole.local is None else whole.local @ matrix
         out = whole.with_local(local, self.shape[:-1] + (matrix.shape[1],))

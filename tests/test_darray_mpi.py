@@ -93,6 +93,9 @@ attempt("fill", lambda: DistributedArray.full((4,), "abc", "2: 0", comm=comm))
 attempt("ragged", lambda: DistributedArray.scatter([[1.0, 2.0], [3.0]] if comm.rank == 0 else None, "even", comm))
 attempt("disagree", lambda: mixed.redistribute("2: 0, -" if comm.rank == 0 else "replicated"))
 attempt("root", lambda: mixed.gather(root=comm.rank % 2))
+attempt("bad root", lambda: mixed.gather(root=comm.size if comm.rank == 1 else 0))
+attempt("matmul", lambda: mixed.matmul(np.ones((6 if comm.rank != 2 else 5, 2))))
+attempt("with_local", lambda: mixed.with_local(mixed.local, (4, 7) if comm.rank == 3 else (4, 6)))
 '''
 
 
@@ -107,7 +110,10 @@ def test_bad_layouts_are_one_line_errors_on_every_rank(tmp_path):
                           ("call", "operand 1 ('jk') has 2 indices but 0 dimensions"),
                           ("fill", "full: fill 'abc' is not a float64"), ("ragged", "scatter: rank 0's array"),
                           ("disagree", "the ranks disagree on layout"),
-                          ("root", "the ranks disagree on gather root")]:
+                          ("root", "the ranks disagree on gather root"),
+                          ("bad root", "rank 1: gather: root 4 is not a rank of a communicator of 4"),
+                          ("matmul", "rank 2: matmul: (4, 6) @ (5, 2): the matrix must be (6, n)"),
+                          ("with_local", "rank 3: with_local: new shape (4, 7) from (4, 6)")]:
         mine = [line for line in lines if line.startswith(label + " rank")]
         assert len(mine) == 4, (label, mine)
         messages = {line.split(" ERROR ", 1)[-1] for line in mine}
