@@ -212,8 +212,9 @@ def plan_sequence(steps: Sequence, shapes: Mapping[str, Sequence[int]], nprocs: 
     for t in free:
         for layout in candidates[t][1:]:
             trial = placed(choice | {t: layout})
-            if busiest(trial) < score:
-                score, choice, first = busiest(trial), choice | {t: layout}, trial
+            words = busiest(trial)
+            if words < score:
+                score, choice, first = words, choice | {t: layout}, trial
     # a produced tensor's home is where its producer leaves it; the sweep reads it from there
     homes = dict(choice) | {s.output: p.exit for s, p in zip(seq, first)}
     plans = tuple(program(s, homes).plan() for s in seq)
@@ -225,10 +226,11 @@ def plan_sequence(steps: Sequence, shapes: Mapping[str, Sequence[int]], nprocs: 
 
 def _derived_shapes(seq: tuple[SequenceStep, ...], shapes: dict) -> dict:
     """``shapes`` with every step's output shape added (from its inputs' shapes), checked where given."""
-    shapes = dict(shapes)
-    for _ in seq:
+    shapes, derived = dict(shapes), set()
+    for _ in seq:                      # a step's inputs may be outputs of steps after it
         for s in seq:
-            if all(t in shapes for t in s.inputs):
+            if s not in derived and all(t in shapes for t in s.inputs):
+                derived.add(s)
                 d = decompose(s.equation, *(shapes[t] for t in s.inputs))
                 out = tuple(d.sizes[c] for c in d.output)
                 if shapes.setdefault(s.output, out) != out:
