@@ -20,7 +20,7 @@ import numpy as np
 from .codegen.checks import agree, check_cast, check_output_path, collectively, node_place, write_atomically
 from .codegen.emit import generate
 from .codegen.gpu import is_device_array, open_device
-from .codegen.kernels import contract_pair, unary
+from .codegen.kernels import contract_pair, gemm_library, group_strategy, unary
 from .codegen.runtime import Runtime, pin_blas_threads
 from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
@@ -195,14 +195,17 @@ class Program:
             data = {"equation": a.equation, "analysis": a.to_dict()} | ({} if plan is None else plan.to_dict())
             if plan is not None:
                 data["peak_bytes_per_rank"] = footprint(plan).tolist()
+                data["local_kernels"] = {"gemm": gemm_library(), "rank 0": local_kernels(plan)}
             return json.dumps(data, indent=2, default=str)
         if format != "text":
             raise DeinsumError(f"report format {format!r}: expected text, latex or json")
         if plan is None:
             return str(a)
         need = footprint(plan)
+        kernels = "".join(f"\n    group {k}: {name}" for k, name in enumerate(local_kernels(plan)))
         return (f"{a}\n\n{plan}\n  peak memory per rank (upper bound): max {int(need.max()):,} bytes "
-                f"(rank {int(need.argmax())}), mean {float(need.mean()):,.0f}")
+                f"(rank {int(need.argmax())}), mean {float(need.mean()):,.0f}\n"
+                f"  local kernels on rank 0's blocks (a cost model's pick; GEMMs: {gemm_library()}):{kernels}")
 
     def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None, inputs: str | None = None,
                   result: str | None = None) -> Path:
@@ -394,6 +397,21 @@ class Program:
 
 
 @lru_cache(maxsize=256)
+def local_kernels(plan: Plan, rank: int = 0) -> list[str]:
+    """How each group computes on ``rank``'s blocks: the strategy the kernels' cost model picks.
+
+    >>> import deinsum
+    >>> prog = deinsum.compile("ijk,ja,ka->ia", (8, 8, 8), (8, 4), (8, 4))
+    >>> local_kernels(prog.plan(nprocs=2))[0].split(":")[0]
+    'MTTKRP to (i)'
+    """
+    sizes = plan.decomposition.sizes
+    shapes = [[tuple(b.stop - b.start for b in g.grid.layout(sub, sizes, partial=False).block(rank) or
+                     [slice(0, 0)] * len(sub)) for _, sub in g.reads] for g in plan.groups]
+    return [group_strategy([sub for _, sub in g.reads], g.output_subscripts, shape)
+            for g, shape in zip(plan.groups, shapes)]
+
+
 def _entry_shapes(plan: Plan, rank: int) -> tuple:
     """The block shape of each input ``rank`` passes with local inputs (None where it holds none)."""
     return tuple(layout.local_shape(rank) for layout in plan.entry)

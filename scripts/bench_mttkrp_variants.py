@@ -6,9 +6,11 @@ axes one GEMM contracts, X^T KR or KR^T X; all rank columns at once, the model's
 variants with a Khatri-Rao product over 32 MB are left out) on the same operands, one after another;
 medians of --repeat calls after a warm-up. The report lists, per shape and mode, the fastest
 variant, the model's pick and its loss (pick / fastest - 1), and the sum of losses: the
-constants of ``deinsum.codegen.kernels._mttkrp_strategy`` were fitted on this table.
+constants of ``deinsum.codegen.kernels._MTTKRP_FIT`` were fitted on these tables, one per GEMM
+library (Intel MKL with the `fast` extra; numpy's BLAS with DEINSUM_GEMM=numpy).
 
-    python scripts/bench_mttkrp_variants.py [--repeat 5] [--out bench-results/mttkrp-variants.md]
+    python scripts/bench_mttkrp_variants.py [--repeat 5]      # -> bench-results/mttkrp-variants-mkl.md
+    DEINSUM_GEMM=numpy python scripts/bench_mttkrp_variants.py    # -> bench-results/mttkrp-variants.md
 """
 from __future__ import annotations
 
@@ -74,12 +76,13 @@ def variant_name(dims, variant):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "mttkrp-variants.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-results" /
+                    ("mttkrp-variants-mkl.md" if K._GEMM else "mttkrp-variants.md"))
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     lines = ["# MTTKRP variants: every GEMM variant timed, and the cost model's pick", "",
              f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.node()}, "
-             f"{os.cpu_count()} cores; numpy {np.__version__}, 1 BLAS thread; float64; median of "
+             f"{os.cpu_count()} cores; numpy {np.__version__}, GEMMs: {K.gemm_library()}, 1 thread; float64; median of "
              f"{args.repeat} calls after a warm-up", "",
              "| X | R | mode | variants | fastest (ms) | model's pick (ms) | loss |", "|---|---|---|---|---|---|---|"]
     total = 0.0

@@ -12,8 +12,8 @@ which favoured whichever side ran next); ``--cache warm`` runs each call three t
 before (steady state: here a kernel's first three calls after a 200 ms pause run up to 40% slower),
 with 1 BLAS/OpenMP thread per rank (environment set before import, enforced with
 threadpoolctl; TBLIS set to 1 thread). Every result is checked against numpy.
-GFLOP/s count opt_einsum's optimal-path FLOPs; at P = 1 a 1-thread numpy 2048^3 dgemm
-is one more interleaved side of every kernel (the share of dgemm compares medians of the same
+GFLOP/s count opt_einsum's optimal-path FLOPs; at P = 1 a 1-thread 2048^3 dgemm through
+deinsum's own GEMM (MKL with the `fast` extra, else numpy's BLAS) is one more interleaved side of every kernel (the share of dgemm compares medians of the same
 repetitions; the machine's load changes between kernels). The roofline of a kernel is
 min(dgemm, bandwidth x intensity): bandwidth from a 1-thread numpy copy of 256 MB (read + write
 bytes), intensity = FLOPs / bytes of the local kernel's inputs and output. The local kernel's
@@ -72,7 +72,7 @@ def worker(spec_path: str, out_path: str) -> int:
     from threadpoolctl import threadpool_info, threadpool_limits
 
     import deinsum
-    from deinsum.codegen.kernels import _tblis, contract_group, group_strategy
+    from deinsum.codegen.kernels import _GEMM, _matmul, _tblis, contract_group, group_strategy
 
     comm = MPI.COMM_WORLD
     try:
@@ -97,10 +97,10 @@ def worker(spec_path: str, out_path: str) -> int:
         comm.Barrier()
         return time.perf_counter() - start, value
 
-    def dgemm(repeat):
+    def dgemm(repeat, gemm=_matmul):
         a = np.random.default_rng(0).standard_normal((2048, 2048))
-        a @ a
-        seconds = [timed(lambda: a @ a)[0] for _ in range(repeat)]
+        gemm(a, a)
+        seconds = [timed(lambda: gemm(a, a))[0] for _ in range(repeat)]
         return {"seconds": seconds, "gflops": 2 * 2048 ** 3 / float(np.median(seconds)) / 1e9}
 
     def bandwidth(repeat):
@@ -111,18 +111,18 @@ def worker(spec_path: str, out_path: str) -> int:
         seconds = [timed(lambda: np.copyto(dst, src))[0] for _ in range(repeat)]
         return {"seconds": seconds, "gbs": 2 * src.nbytes / float(np.median(seconds)) / 1e9}
 
-    def packing(repeat):
-        """t = t0 + n t1 fitted to numpy GEMMs (n x 576) @ (24 x 576 x 576): a 24^5 tensor streamed once."""
+    def packing(repeat, matmul):
+        """t = t0 + n t1 fitted to GEMMs (n x 576) @ (24 x 576 x 576): a 24^5 tensor streamed once."""
         rng = np.random.default_rng(1)
         x = rng.standard_normal((24, 576, 576))
         widths = (8, 16, 24, 32)
         mats = {n: rng.standard_normal((576, n)).T for n in widths}
         seconds = {n: [] for n in widths}
         for n in widths:
-            np.matmul(mats[n], x)
+            matmul(mats[n], x)
         for _ in range(repeat):
             for n in widths:
-                seconds[n].append(timed(lambda: np.matmul(mats[n], x))[0])
+                seconds[n].append(timed(lambda: matmul(mats[n], x))[0])
         t1, t0 = np.polyfit(widths, [float(np.median(seconds[n])) for n in widths], 1)
         return {"widths": widths, "seconds": {str(n): v for n, v in seconds.items()}, "t0": float(t0),
                 "t1": float(t1), "bytes": x.nbytes}
@@ -131,7 +131,7 @@ def worker(spec_path: str, out_path: str) -> int:
     with threadpool_limits(limits=1):
         blas = sorted({f"{i['internal_api']} {i.get('version')} {i['filepath'].split('/')[-1]} "
                        f"{i.get('architecture') or ''} x{i['num_threads']}" for i in threadpool_info()})
-        gemm_before = dgemm(spec["repeat"])
+        gemm_before, numpy_gemm = dgemm(spec["repeat"]), dgemm(spec["repeat"], np.matmul)
         stream = bandwidth(spec["repeat"])
         for name in spec["kernels"]:
             eq, sizes = KERNELS[name]
@@ -140,13 +140,14 @@ def worker(spec_path: str, out_path: str) -> int:
             results.append(run_kernel(name, eq, sizes, spec["repeat"], comm, np, opt_einsum, deinsum, ctf,
                                       contract_group, group_strategy, timed))
         gemm_after = dgemm(spec["repeat"])
-        pack = packing(spec["repeat"]) if comm.size == 1 else None
+        pack = {"numpy": packing(spec["repeat"], np.matmul), "deinsum": packing(spec["repeat"], _matmul)} \
+            if comm.size == 1 else None
     if comm.rank == 0:
         Path(out_path).write_text(json.dumps({
             "nprocs": comm.size, "mpi": MPI.Get_library_version().strip().splitlines()[0],
             "blas": blas, "ctf": None if ctf is None else ctf.__file__, "ctf_skipped": ctf_error,
-            "deinsum": deinsum.__file__, "tblis": _tblis is not None,
-            "dgemm": {"before": gemm_before, "after": gemm_after}, "bandwidth": stream, "packing": pack,
+            "deinsum": deinsum.__file__, "tblis": _tblis is not None, "gemm": "MKL" if _GEMM else "numpy",
+            "dgemm": {"before": gemm_before, "after": gemm_after, "numpy": numpy_gemm}, "bandwidth": stream, "packing": pack,
             "kernels": results}, indent=1))
     return 0
 
@@ -156,6 +157,7 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
     lhs, out = eq.split("->")
     subs = lhs.split(",")
     shapes = [tuple(sizes[c] for c in s) for s in subs]
+    from deinsum.codegen.kernels import _matmul
     rng = np.random.default_rng(42)
     ops = [rng.standard_normal(s) for s in shapes]
     ref = np.einsum(eq, *ops, optimize=True)
@@ -211,7 +213,7 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
         calls["opt_einsum"] = lambda: opt_einsum.contract(eq, *ops)
         errors["opt_einsum"] = not close(opt_einsum.contract(eq, *ops), ref)
         gemm = rng.standard_normal((2048, 2048))
-        calls["dgemm"] = lambda: gemm @ gemm                 # the reference, interleaved with the kernel
+        calls["dgemm"] = lambda: _matmul(gemm, gemm)         # the reference, interleaved with the kernel
     for side in calls:
         calls[side]()                                          # warm
     seconds = {side: [] for side in calls}
@@ -318,12 +320,16 @@ def roofline(kernel: dict, gemm: float, bandwidth: float) -> float:
 
 def packing_note(run: dict) -> str:
     """The fitted GEMM streaming cost (t0 + n t1) and what it allows a one-pass GEMM kernel."""
-    pack = run["packing"]
+    return "\n".join(_packing_line(run["packing"][who], f"{who}'s", run["dgemm"]["numpy" if who == "numpy" else
+                                                                                 "before"]["gflops"])
+                     for who in ("numpy", "deinsum") if who in run["packing"])
+
+
+def _packing_line(pack, who, gemm):
     t0, t1 = pack["t0"], pack["t1"]
-    gemm = run["dgemm"]["before"]["gflops"]
-    return (f"- GEMM streaming a 24^5 tensor ({pack['bytes'] / 2 ** 20:.0f} MiB) against n columns (P=1 launch, "
+    return (f"- {who} GEMM streaming a 24^5 tensor ({pack['bytes'] / 2 ** 20:.0f} MiB) against n columns (P=1 launch, "
             f"n = {', '.join(map(str, pack['widths']))}): t = {1e3 * t0:.2f} ms + n x {1e3 * t1:.3f} ms, i.e. the "
-            f"tensor is read once at {pack['bytes'] / t0 / 1e9:.1f} GB/s (packing, not overlapped with compute) and "
+            f"tensor is read once at {pack['bytes'] / t0 / 1e9:.1f} GB/s (not overlapped with compute) and "
             f"each column costs {2 * pack['bytes'] / 8 / t1 / 1e9:.1f} GFLOP/s; a one-pass GEMM MTTKRP at R = 24 "
             f"reaches at most {100 * 24 * t1 / (t0 + 24 * t1):.0f}% of that compute rate, the first TTM of TTMc "
             f"(n = 8) {100 * 8 * t1 / (t0 + 8 * t1):.0f}% (dgemm before the kernels: {gemm:.1f} GFLOP/s)")
@@ -408,12 +414,13 @@ def main(argv=None) -> int:
            "warm: each timed call right after the same call three times, untimed (its operands in the "
            f"{last_level_cache() >> 20} MiB last-level cache where they fit; here a kernel's first three calls after a "
            "200 ms pause, of any kind, run up to 40% slower); ")
-        +         f"inputs already distributed (deinsum inputs='local', result='distributed'; CTF tensors made before timing)",
+        + "inputs already distributed (deinsum inputs='local', result='distributed'; CTF tensors made before timing)",
         "- local kernel: contract_group of the whole statement on this rank's 1/P slab (first output index split "
         "evenly, other operands whole); its GFLOP/s count opt_einsum's optimal-path FLOPs",
-        "- dgemm (numpy 2048^3, 1 thread, same launch, before/after): " + "; ".join(
-            f"P={r['nprocs']}: {r['dgemm']['before']['gflops']:.1f}/{r['dgemm']['after']['gflops']:.1f} GFLOP/s"
-            for r in runs),
+        f"- deinsum's GEMMs: {'Intel MKL (the `fast` extra)' if first['gemm'] == 'MKL' else 'numpy'}; dgemm "
+        "through them (2048^3, 1 thread, same launch, before/after; numpy's own in brackets): " + "; ".join(
+            f"P={r['nprocs']}: {r['dgemm']['before']['gflops']:.1f}/{r['dgemm']['after']['gflops']:.1f} "
+            f"({r['dgemm']['numpy']['gflops']:.1f}) GFLOP/s" for r in runs),
         "- streaming bandwidth (numpy copy of 256 MB, read + write bytes, every rank at once): " + "; ".join(
             f"P={r['nprocs']}: {r['bandwidth']['gbs']:.1f} GB/s per rank" for r in runs),
         *[packing_note(r) for r in runs if r.get("packing")],

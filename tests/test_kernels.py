@@ -1,5 +1,9 @@
 """Local group kernels (deinsum/codegen/kernels.py): every strategy equals numpy.einsum, memory stays bounded."""
+import glob
 import itertools
+import os
+import subprocess
+import sys
 import tracemalloc
 
 import numpy as np
@@ -137,6 +141,47 @@ def test_ttm_steps_in_small_gemm_pieces(eq, dtype):
     check(eq, ops, contract_group(subs, out, *ops))
 
 
+# ---- GEMMs: MKL where installed, numpy's BLAS otherwise ----------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_equals_numpy_for_any_operand_layout(dtype):
+    """``_matmul`` (MKL's strided-batch GEMM where installed) equals ``@``: transposed, strided, reversed
+    and broadcast operands, batches that one stride cannot step through, size-1 and size-0 axes."""
+    rng = np.random.default_rng(0)
+    mats = lambda *shape: rng.standard_normal(shape).astype(dtype)
+    cases = []
+    for (m, k, n), (ba, bb), (ta, tb) in itertools.product(
+            [(3, 4, 5), (1, 4, 5), (3, 1, 1), (3, 0, 5), (0, 4, 5), (30, 20, 10)],
+            [((), ()), ((2,), ()), ((), (2,)), ((2, 3), (3,)), ((2, 1), (1, 3))], [(0, 0), (0, 1), (1, 0), (1, 1)]):
+        cases.append((np.swapaxes(mats(*ba, k, m), -1, -2) if ta else mats(*ba, m, k),
+                      np.swapaxes(mats(*bb, n, k), -1, -2) if tb else mats(*bb, k, n)))
+    x = mats(4, 5, 6, 7)
+    cases += [(x[:, ::2, 1:], mats(7, 3)), (x[:, ::-1], mats(7, 3)), (x.transpose(1, 0, 2, 3), mats(7, 3)),
+              (mats(3, 6), x[..., ::3])]
+    for a, b in cases:
+        res, ref = K._matmul(a, b), a @ b
+        assert res.shape == ref.shape and res.dtype == ref.dtype
+        np.testing.assert_allclose(res, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_mkl_runs_float_gemms_when_installed():
+    """With the `fast` extra's mkl wheel, MKL runs float32/64 GEMMs and threadpoolctl limits its threads."""
+    if not glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")) or os.environ.get("DEINSUM_GEMM") == "numpy":
+        pytest.skip("MKL not installed here (the mkl wheel of the `fast` extra), or DEINSUM_GEMM=numpy")
+    from threadpoolctl import threadpool_info, threadpool_limits
+    assert set(K._GEMM) == {np.dtype(np.float32), np.dtype(np.float64)}
+    with threadpool_limits(1, user_api="blas"):
+        assert {p["internal_api"]: p["num_threads"] for p in threadpool_info()}.get("mkl") == 1
+
+
+def test_numpy_blas_runs_every_gemm_with_deinsum_gemm_numpy():
+    """DEINSUM_GEMM=numpy: no MKL, narrow steps in pieces; the GEMM, MTTKRP and TTM tests pass there too."""
+    tests = "matmul or mttkrp_every_variant or ttmc_every_order or small_gemm_pieces or slabs or suite"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", tests,
+                          "-W", "error", __file__], env=dict(os.environ, DEINSUM_GEMM="numpy"),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-3000:]
+
+
 # ---- shapes and memory orders ------------------------------------------------------------------------
 @pytest.mark.parametrize("eq", [MTTKRP["O3-M1"][0], MTTKRP["O5-M2"][0], TTMC[0], "ij,jk->ik", "bij,bjk->bik"])
 @pytest.mark.parametrize("edge", ["ones", "zero", "zero-summed"])
@@ -262,10 +307,11 @@ def test_peak_memory_within_1_5x_of_inputs_and_output(eq, sizes):
 
 
 def test_large_ttm_chain_runs_in_slabs():
+    """Narrow steps run in pieces on numpy's BLAS; MKL streams them whole."""
     eq, sizes = TTMC[0], dict(i=8, j=24, k=24, l=24, m=24, b=8, c=8, d=8, e=8)
     subs, out = split(eq)
     assert group_strategy(subs, out, [[sizes[c] for c in t] for t in subs]).split("; ")[1:] == [
-        "in slabs of 3 i", "narrow GEMMs in pieces of <= 1e6 multiply-adds (float)"]
+        "in slabs of 3 i"] + ([] if K._GEMM else ["narrow GEMMs in pieces of <= 1e6 multiply-adds (float)"])
 
 
 def test_large_rank_is_blocked():

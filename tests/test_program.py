@@ -38,6 +38,19 @@ def test_reports_in_three_formats():
     assert len(data["received_bytes_per_rank"]) == 4 and len(data["peak_bytes_per_rank"]) == 4
 
 
+def test_report_names_each_groups_local_kernel_and_gemm_library():
+    """The kernel the cost model picks for rank 0's blocks, and the GEMM library, in text and JSON."""
+    from deinsum.codegen.kernels import gemm_library
+    from deinsum.program import local_kernels
+    prog = deinsum.compile("ijk,ja,ka->ia", (41, 30, 20), (30, 8), (20, 8))
+    plan = prog.plan(nprocs=4)
+    text = prog.report(nprocs=4)
+    assert f"local kernels on rank 0's blocks (a cost model's pick; GEMMs: {gemm_library()}):" in text
+    assert "\n    group 0: MTTKRP to (i): GEMM over (" in text
+    assert json.loads(prog.report("json", nprocs=4))["local_kernels"] == {"gemm": gemm_library(),
+                                                                         "rank 0": local_kernels(plan)}
+
+
 def test_plan_is_pure_for_any_p():
     prog = deinsum.compile("ij,jk->ik", (97, 89), (89, 83))
     for p in (1, 7, 11, 13, 1000):

@@ -2,7 +2,8 @@
 (or CuPy blocks on a GPU: see ``array_module``).
 
 STANDALONE: this file imports only numpy and the standard library (pytblis
-optionally). Its source is pasted verbatim into emitted scripts, and the
+optionally, and Intel MKL's GEMMs through ctypes where the ``mkl`` wheel is
+installed: both come with the `fast` extra). Its source is pasted verbatim into emitted scripts, and the
 sequential executor and the distributed runtime call the same functions, so
 there is one copy of the local compute logic.
 
@@ -19,9 +20,14 @@ strategy a cost model finds; ``group_strategy`` names it:
 * ``TTM chain`` (X times one matrix per contracted mode): leading/trailing
   modes as one GEMM, middle modes as batched GEMMs (or moved last by a
   transposed copy), in the order with the lowest modeled cost; a large X
-  slab by slab; GEMMs with a narrow side (<= 16 columns) in pieces of at most
-  1e6 multiply-adds, which OpenBLAS runs without packing X (1.4x faster here);
+  slab by slab; on numpy's BLAS, GEMMs with a narrow side (<= 16 columns) in
+  pieces of at most 1e6 multiply-adds, which OpenBLAS runs without packing X
+  (1.4x faster here);
 * ``pairwise``: numpy's einsum path, each step through ``contract_pair``.
+
+Every GEMM runs through ``_matmul``: Intel MKL where installed (float32/64),
+else numpy's BLAS. The cost model's constants follow the library
+(``_MTTKRP_FIT``); ``DEINSUM_GEMM=numpy`` in the environment keeps MKL out.
 
 Results may be transposed views: a consumer reads a block stored in any axis
 order without a copy (``contract_group`` relabels it). Peak memory stays within
@@ -39,10 +45,14 @@ True
 >>> x, f = np.ones((4, 5, 6)), np.ones((5, 3))
 >>> contract_group(("ijk", "ja", "ka"), "ia", x, f, np.ones((6, 3)))[0].tolist()
 [30.0, 30.0, 30.0]
->>> group_strategy(("ijklm", "ia", "ja", "la", "ma"), "ka", [(24,) * 5] + [(24, 24)] * 4)
-'MTTKRP to (k): GEMM over (i,j) KR^T X, Hadamard-sum over (l,m)'
+>>> group_strategy(("ijklm", "ia", "ja", "la", "ma"), "ka", [(24,) * 5] + [(24, 24)] * 4).split(": GEMM")[0]
+'MTTKRP to (k)'
 """
+import ctypes
+import glob
 import itertools
+import os
+import sys
 from functools import lru_cache
 
 import numpy as np
@@ -51,6 +61,28 @@ try:  # optional fast transposes (the `fast` extra)
     import pytblis as _tblis
 except ImportError:  # pragma: no cover - depends on the environment
     _tblis = None
+
+
+def _mkl_gemms():
+    """``{dtype: cblas_?gemm_batch_strided_64}`` of Intel MKL (the ``mkl`` wheel, in the `fast` extra)
+    when installed and ``DEINSUM_GEMM`` is not ``numpy``; else ``{}``: numpy's BLAS runs every GEMM.
+
+    MKL streams the wide operand of a narrow GEMM while it computes, where OpenBLAS first packs it:
+    (13824 x 576) @ (576 x 24) runs in 5.3 ms instead of 8.1 here (one thread).
+    """
+    libs = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
+    if os.environ.get("DEINSUM_GEMM") == "numpy" or not libs:
+        return {}
+    lib, i, p, found = ctypes.CDLL(libs[0]), ctypes.c_int64, ctypes.c_void_p, {}
+    for dtype, real, letter in ((np.float64, ctypes.c_double, "d"), (np.float32, ctypes.c_float, "s")):
+        gemm = getattr(lib, f"cblas_{letter}gemm_batch_strided_64")
+        gemm.argtypes = [ctypes.c_int] * 3 + [i] * 3 + [real, p, i, i, p, i, i, real, p, i, i, i]
+        found[np.dtype(dtype)] = gemm
+    return found
+
+
+#: MKL's GEMMs by dtype, loaded at import so that threadpoolctl sees (and limits) MKL's threads.
+_GEMM = _mkl_gemms()
 
 _ASCII = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -136,7 +168,7 @@ def contract_pair(a, b, sa, sb, out):
         am = _matrix(a, sa, free_a, summed, rows_free=True)
         bm = _matrix(b, sb, free_b, summed, rows_free=False)
         order = free_a + free_b
-        res = (am @ bm).reshape([a.shape[sa.index(c)] for c in free_a] +
+        res = _matmul(am, bm).reshape([a.shape[sa.index(c)] for c in free_a] +
                                          [b.shape[sb.index(c)] for c in free_b])
     else:
         shape = dict(zip(sa, a.shape))
@@ -149,7 +181,7 @@ def contract_pair(a, b, sa, sb, out):
         am = transposed(a, [sa.index(c) for c in batch + free_a + summed]).reshape(nb, na, nk)
         bm = transposed(b, [sb.index(c) for c in batch + summed + free_b]).reshape(nb, nk, nn)
         order = batch + free_a + free_b
-        res = (am @ bm).reshape([shape[c] for c in order])
+        res = _matmul(am, bm).reshape([shape[c] for c in order])
     return res.transpose([order.index(c) for c in out])
 
 
@@ -183,6 +215,11 @@ _CALL = 0.5e-6        # per GEMM call (numpy matmul loop + BLAS set-up)
 _CALL_SMALL = 1e-7    # per call of OpenBLAS's small-matrix kernels (no packing)
 _SMALL_RATE = 2.5e10  # their flop/s (narrow TTM steps: (8 x 24) @ (24 x n))
 _ELEM = 1.2e-9        # per element of an elementwise pass (Khatri-Rao, Hadamard-sum, copy)
+#: MTTKRP GEMM variants: (the m, k and n that double the time per flop, relative speeds of X^T KR over
+#: trailing, middle and leading modes, of KR^T X over trailing, middle and leading modes), fitted on 26 shapes here (orders 3-5, R = 8-48, every
+#: variant timed: scripts/bench_mttkrp_variants.py). OpenBLAS packs X first and streams it fastest as
+#: KR^T @ X, X untransposed; MKL streams X while it computes, fastest as X^T KR.
+_MTTKRP_FIT = (4.0, 1.0, 24.0, 1.0, 0.1, 0.1, 0.1, 0.3, 0.1) if _GEMM else (4.0, 6.0, 24.0, 0.5, 0.5, 0.5, 0.7, 1.0, 1.0)
 #: Elements of X per slab of a TTM chain run slab by slab (a few MiB: intermediates stay in cache).
 _SLAB = 1 << 20
 #: Temporaries up to this many elements are always allowed (beyond it: half of inputs plus output).
@@ -194,19 +231,33 @@ _NARROW = 16
 
 
 def _matmul(a, b):
-    """``a @ b``; on the CPU a float GEMM with a narrow side (<= 16: a TTM) runs in pieces of at most
-    1e6 multiply-adds, cut along its wide side, so OpenBLAS streams the wide operand in place instead
-    of packing it first (here (8 x 24) @ (24 x 13824), 24 times: 4.7 ms in pieces, 6.7 ms in one).
+    """``a @ b`` (numpy's broadcasting) on CPU blocks: MKL's strided-batch GEMM where installed and it
+    reads the float operands in place; otherwise numpy, where a float GEMM with a narrow side (<= 16: a
+    TTM) runs in pieces of at most 1e6 multiply-adds, cut along its wide side, so OpenBLAS streams the
+    wide operand in place instead of packing it first ((8 x 24) @ (24 x 13824), 24 times: 4.7 ms in
+    pieces, 6.7 ms in one).
 
     >>> a, b = np.ones((2, 8, 24)), np.ones((24, 9000))
-    >>> bool((_matmul(a, b) == 24).all())
-    True
+    >>> bool((_matmul(a, b) == 24).all()), _matmul(a, b[:, :0]).shape
+    (True, (2, 8, 0))
     """
     (m, k), n, dtype = a.shape[-2:], b.shape[-1], np.result_type(a.dtype, b.dtype)
-    if m * k * n <= _SMALL_GEMM or min(m, n) > _NARROW or dtype.kind != "f" or array_module(a) is not np:
+    if array_module(a, b) is not np:
         return a @ b     # (a GPU's GEMM needs no pieces)
-    batch = a.shape[:-2] if b.ndim == 2 else b.shape[:-2] if a.ndim == 2 else \
-        np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    if dtype in _GEMM:
+        a = np.broadcast_to(a.astype(dtype, copy=False), batch + (m, k))
+        b = np.broadcast_to(b.astype(dtype, copy=False), batch + (k, n))
+        res = np.empty(batch + (m, n), dtype)
+        views = [_cblas_view(v) for v in (a, b, res)]
+        if None not in views:
+            (ta, lda, sa), (tb, ldb, sb), (_, ldc, sc) = views
+            if res.size:   # (k = 0: beta = 0 writes zeros)
+                _GEMM[dtype](101, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, sa, b.ctypes.data, ldb, sb,
+                             0.0, res.ctypes.data, ldc, sc, res.size // (m * n))
+            return res
+    if m * k * n <= _SMALL_GEMM or min(m, n) > _NARROW or dtype.kind != "f":
+        return a @ b
     res = np.empty(batch + (m, n), dtype)
     wide = max(m, n)
     pieces = -(-wide // max(1, _SMALL_GEMM // (k * min(m, n))))
@@ -219,6 +270,29 @@ def _matmul(a, b):
     return res
 
 
+def _cblas_view(x):
+    """(CBLAS transpose flag, leading dimension, batch stride), in elements, that describe ``x``
+    (..., rows, cols) in place to a row-major strided-batch GEMM; None where no such triple exists.
+
+    >>> _cblas_view(np.ones((3, 4, 5))), _cblas_view(np.ones((3, 5, 4)).transpose(0, 2, 1))
+    ((111, 5, 20), (112, 4, 20))
+    """
+    if any(s % x.itemsize or s < 0 for s in x.strides):
+        return None
+    *batch, (r, sr), (c, sc) = [(n, s // x.itemsize) for n, s in zip(x.shape, x.strides)]
+    if (c == 1 or sc == 1) and (r == 1 or sr >= c):
+        flag, ld = 111, sr if r > 1 else c
+    elif (r == 1 or sr == 1) and (c == 1 or sc >= r):
+        flag, ld = 112, sc if c > 1 else r
+    else:
+        return None
+    batch = [(n, s) for n, s in batch if n > 1]   # one stride must step through them all
+    if any(s != s2 * n2 for (_, s), (n2, s2) in zip(batch, batch[1:])):
+        return None
+    ld = max(1, ld)
+    return flag, ld, batch[-1][1] if batch else (r if flag == 111 else c) * ld   # (MKL checks C's)
+
+
 def _prod(values):
     n = 1
     for v in values:
@@ -226,18 +300,23 @@ def _prod(values):
     return n
 
 
-def _gemm_seconds(m, k, n, calls=1, pieces=False, short_k=48.0):
+def _gemm_seconds(m, k, n, calls=1, pieces=False, short=(4.0, 48.0, 24.0)):
     """Modeled seconds of ``calls`` numpy GEMMs (m x k) @ (k x n), C order: small sizes run below peak
-    (a k of ``short_k`` doubles the time per flop).
+    (an m, k or n of ``short`` doubles the time per flop).
 
     Fitted on this machine's OpenBLAS, one thread: a narrow n (BLAS's m) costs more than a narrow m;
     with ``pieces`` (TTM steps through ``_matmul``: a short k), small-matrix kernels (up to 1e6
     multiply-adds per call, or a narrow side cut in such pieces) run at a flat rate with little set-up.
     """
-    if pieces and (m * k * n <= _SMALL_GEMM or min(m, n) <= _NARROW):
+    if pieces and not _GEMM and (m * k * n <= _SMALL_GEMM or min(m, n) <= _NARROW):
         return calls * (-(-m * k * n // _SMALL_GEMM) * _CALL_SMALL + 2.0 * m * k * n / _SMALL_RATE)
-    eff = 1.0 / (1.0 + 4.0 / m + short_k / k + 24.0 / n)
+    eff = 1.0 / (1.0 + short[0] / m + short[1] / k + short[2] / n)
     return calls * (2.0 * m * k * n / (_PEAK * eff) + _CALL)
+
+
+def gemm_library():
+    """The library that runs this process's float GEMMs (see ``_matmul``)."""
+    return "Intel MKL" if _GEMM else "numpy's BLAS"
 
 
 def group_strategy(inputs, output, shapes):
@@ -248,8 +327,6 @@ def group_strategy(inputs, output, shapes):
     >>> name = group_strategy(("ijklm", "jb", "kc", "ld", "me"), "ibcde", [(24,) * 5] + [(24, 8)] * 4)
     >>> name.split("; ")[:2]
     ['TTM chain: j (middle), k (middle), l (middle), m (last)', 'in slabs of 3 i']
-    >>> name.split("; ")[2]
-    'narrow GEMMs in pieces of <= 1e6 multiply-adds (float)'
     """
     return _strategy(tuple(inputs), output, tuple(tuple(int(n) for n in s) for s in shapes))[1]
 
@@ -339,11 +416,8 @@ def _mttkrp_strategy(subs, out, sizes):
             shape = (block, k, a * b, chunks) if orient == "cols" else (b, k, block, chunks)
         else:
             shape = (block, k, b, a * chunks) if orient == "cols" else (b, k, block, a * chunks)
-        gemm = _gemm_seconds(*shape, short_k=6.0)
-        # fitted on 26 MTTKRP shapes here (orders 3-5, R = 8-48, every variant timed): OpenBLAS streams X
-        # fastest as KR^T @ X with X untransposed (its packed A operand), and a short k loses little; the
-        # elementwise passes are the Khatri-Rao product, T, the rest's weights and the Hadamard-sum's read of T
-        gemm /= 0.5 if orient == "rows" else 0.7 if e == len(sx) else 1.0
+        gemm = _gemm_seconds(*shape, short=_MTTKRP_FIT[:3]) / \
+            _MTTKRP_FIT[3 + 3 * (orient == "cols") + (e < len(sx)) + (s == 0)]
         seconds = gemm + _ELEM * ((k + a * b + rest) * nr + (a * b * nr / 4 if rest > 1 else 0))
         if best is None or seconds < best[0]:
             best = (seconds, s, e, orient, block)
@@ -399,13 +473,13 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
         cols = slice(r0, min(nr, r0 + block))
         kr = _khatri_rao([factors[q][:, cols] for q in range(s, e)])
         if orient == "rows":
-            t = xb.reshape(a, k) @ kr if e == n else xb.reshape(a, k, b).transpose(0, 2, 1) @ kr
+            t = _matmul(xb.reshape(a, k), kr) if e == n else _matmul(xb.reshape(a, k, b).transpose(0, 2, 1), kr)
         elif s == 0:
-            t = kr.T @ xb.reshape(k, b)
+            t = _matmul(kr.T, xb.reshape(k, b))
         elif e == n:
-            t = (kr.T @ xb.reshape(a, k).T).T
+            t = _matmul(kr.T, xb.reshape(a, k).T).T
         else:
-            t = kr.T @ xb.reshape(a, k, b)
+            t = _matmul(kr.T, xb.reshape(a, k, b))
         t = t.reshape([dims[q] if q < n else -1 for q in t_axes])
         if res is None:           # T is the result: a transposed view, no copy
             return t.transpose([t_axes.index(q) for q in out_axes])
@@ -485,7 +559,7 @@ def _ttm_strategy(subs, out, sizes):
     name = "TTM chain: " + ", ".join(f"{m} ({k})" for (m, _, _), k in zip(order, kinds))
     if rows:
         name += f"; in slabs of {rows} {sx[0]}"
-    if any(m * k * n > _SMALL_GEMM and min(m, n) <= _NARROW for m, k, n in gemms):
+    if not _GEMM and any(m * k * n > _SMALL_GEMM and min(m, n) <= _NARROW for m, k, n in gemms):
         name += "; narrow GEMMs in pieces of <= 1e6 multiply-adds (float)"
     return "ttm", name, (x, tuple(order), tuple(kinds), rows)
 
