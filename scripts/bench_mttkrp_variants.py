@@ -6,15 +6,16 @@ axes one GEMM contracts, X^T KR or KR^T X; all rank columns at once, the model's
 variants with a Khatri-Rao product over 32 MB are left out) on the same operands, one after another;
 medians of --repeat calls after a warm-up. The report lists, per shape and mode, the fastest
 variant, the model's pick and its loss (pick / fastest - 1), and the sum of losses: the
-constants of ``deinsum.codegen.kernels._MTTKRP_FIT`` were fitted on these tables, one per GEMM
-library (Intel MKL with the `fast` extra; numpy's BLAS with DEINSUM_GEMM=numpy).
+constants of ``deinsum.codegen.kernels._MTTKRP_FIT`` were fitted on this table. Every variant runs
+on each GEMM library here: numpy's BLAS, and Intel MKL where the `fast` extra installed it.
 
-    python scripts/bench_mttkrp_variants.py [--repeat 5]      # -> bench-results/mttkrp-variants-mkl.md
-    DEINSUM_GEMM=numpy python scripts/bench_mttkrp_variants.py    # -> bench-results/mttkrp-variants.md
+    python scripts/bench_mttkrp_variants.py [--repeat 5] [--out bench-results/mttkrp-variants.md]
 """
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import os
 import platform
 import sys
@@ -34,6 +35,8 @@ from deinsum.codegen import kernels as K  # noqa: E402
 SHAPES = [((256, 256, 256), 24), ((24,) * 5, 24), ((128, 128, 128), 16), ((32,) * 4, 32),
           ((512, 64, 256), 24), ((16,) * 5, 48), ((64, 256, 512), 8)]
 LABELS = "ijklm"
+#: Whether a variant's GEMMs run on MKL: both where the `fast` extra installed it.
+LIBRARIES = (False, True)[:1 + bool(K._GEMM)]
 
 
 def median_seconds(fn, repeat):
@@ -47,7 +50,8 @@ def median_seconds(fn, repeat):
 
 
 def measure(dims, nr, repeat, rng):
-    """[(mode, {variant: seconds}, model's variant)] for X of ``dims`` and rank ``nr``."""
+    """[(mode, {(s, e, orient, mkl): seconds}, the model's pick)] for X of ``dims`` and rank ``nr``: every
+    variant on every GEMM library here (numpy's BLAS; Intel MKL with the `fast` extra)."""
     x = rng.standard_normal(dims)
     factors = [rng.standard_normal((n, nr)) for n in dims]
     sx = LABELS[:len(dims)]
@@ -57,27 +61,29 @@ def measure(dims, nr, repeat, rng):
         ops = [x] + [f for q, f in enumerate(factors) if q != mode]
         out = sx[mode] + "a"
         axes = [q for q in range(len(dims)) if q != mode]
-        picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops))[2][2]      # (s, e, orient, block)
+        picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops))[2][2]   # (s, e, orient, block, mkl)
+        pick = picked[:3] + picked[4:]
         times = {}
-        for s, e, orient in K._mttkrp_variants(len(dims), axes):
-            if (s, e, orient) != picked[:3] and K._prod(dims[s:e]) * nr > 4e6:   # a Khatri-Rao product of
-                continue                                                          # over 32 MB: no contender
-            params = (0, "a", picked if (s, e, orient) == picked[:3] else (s, e, orient, nr))
-            times[(s, e, orient)] = median_seconds(lambda: K._run_mttkrp(subs, out, ops, x.dtype, params), repeat)
-        rows.append((mode, times, picked[:3]))
+        for (s, e, orient), mkl in itertools.product(K._mttkrp_variants(len(dims), axes), LIBRARIES):
+            if (s, e, orient, mkl) != pick and K._prod(dims[s:e]) * nr > 4e6:   # a Khatri-Rao product of
+                continue                                                         # over 32 MB: no contender
+            params = (0, "a", picked if (s, e, orient, mkl) == pick else (s, e, orient, nr, mkl))
+            times[(s, e, orient, mkl)] = median_seconds(lambda: K._run_mttkrp(subs, out, ops, x.dtype, params),
+                                                        repeat)
+        rows.append((mode, times, pick))
     return rows
 
 
 def variant_name(dims, variant):
-    s, e, orient = variant
-    return f"GEMM over ({','.join(LABELS[s:e])}) {'X^T KR' if orient == 'rows' else 'KR^T X'}"
+    s, e, orient, mkl = variant
+    return f"GEMM over ({','.join(LABELS[s:e])}) {'X^T KR' if orient == 'rows' else 'KR^T X'}" + " (MKL)" * mkl
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench-results" /
-                    ("mttkrp-variants-mkl.md" if K._GEMM else "mttkrp-variants.md"))
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "mttkrp-variants.md")
+    ap.add_argument("--json", type=Path, help="also write every timing here (what the constants are fitted on)")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     lines = ["# MTTKRP variants: every GEMM variant timed, and the cost model's pick", "",
@@ -85,10 +91,12 @@ def main(argv=None) -> int:
              f"{os.cpu_count()} cores; numpy {np.__version__}, GEMMs: {K.gemm_library()}, 1 thread; float64; median of "
              f"{args.repeat} calls after a warm-up", "",
              "| X | R | mode | variants | fastest (ms) | model's pick (ms) | loss |", "|---|---|---|---|---|---|---|"]
-    total = 0.0
+    total, timings = 0.0, []
     with threadpool_limits(limits=1):
         for dims, nr in SHAPES:
             for mode, times, picked in measure(dims, nr, args.repeat, rng):
+                timings.append({"dims": dims, "rank": nr, "mode": mode, "pick": picked,
+                                "seconds": [[*variant, t] for variant, t in times.items()]})
                 fastest = min(times, key=times.get)
                 loss = times[picked] / times[fastest] - 1
                 total += loss
@@ -99,6 +107,8 @@ def main(argv=None) -> int:
     lines += ["", f"Sum of losses: {total:.2f} (0 = the model picks the fastest variant everywhere)."]
     args.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")
+    if args.json:
+        args.json.write_text(json.dumps(timings))
     return 0
 
 

@@ -13,15 +13,16 @@ before (steady state: here a kernel's first three calls after a 200 ms pause run
 with 1 BLAS/OpenMP thread per rank (environment set before import, enforced with
 threadpoolctl; TBLIS set to 1 thread). Every result is checked against numpy.
 GFLOP/s count opt_einsum's optimal-path FLOPs; at P = 1 a 1-thread 2048^3 dgemm through
-deinsum's own GEMM (MKL with the `fast` extra, else numpy's BLAS) is one more interleaved side of every kernel (the share of dgemm compares medians of the same
+deinsum's own GEMM (MKL with the `fast` extra, else numpy's BLAS) is one more interleaved side
+of every kernel (the share of dgemm compares medians of the same
 repetitions; the machine's load changes between kernels). The roofline of a kernel is
 min(dgemm, bandwidth x intensity): bandwidth from a 1-thread numpy copy of 256 MB (read + write
 bytes), intensity = FLOPs / bytes of the local kernel's inputs and output. The local kernel's
 peak memory is traced (tracemalloc, one untimed call) as (inputs + peak allocation) / (inputs +
-output). At P = 1 the launch also fits t = t0 + n t1 to numpy GEMMs streaming a 24^5 tensor
-against n = 8..32 columns (the first step of every MTTKRP/TTMc strategy): OpenBLAS packs the
-streamed tensor (t0) before computing (t1 per column), so a one-pass GEMM kernel reaches at most
-n t1 / (t0 + n t1) of its compute rate.
+output). At P = 1 the launch also fits t = t0 + n t1 to GEMMs (numpy's, and deinsum's own)
+streaming a 24^5 tensor against n = 8..32 columns as KR^T X (the first step of many MTTKRP/TTMc
+strategies): OpenBLAS packs the streamed tensor (t0) before computing (t1 per column), so a
+one-pass GEMM kernel on it reaches at most n t1 / (t0 + n t1) of its compute rate.
 
     . /tmp/ctf-peer/env.sh     # CTF's venv (see ../shared/peers/ctf/README.md); without ctf: CTF skipped
     PYTHONPATH=. python scripts/bench_peers.py --procs 1 2 --repeat 9
@@ -147,7 +148,8 @@ def worker(spec_path: str, out_path: str) -> int:
             "nprocs": comm.size, "mpi": MPI.Get_library_version().strip().splitlines()[0],
             "blas": blas, "ctf": None if ctf is None else ctf.__file__, "ctf_skipped": ctf_error,
             "deinsum": deinsum.__file__, "tblis": _tblis is not None, "gemm": "MKL" if _GEMM else "numpy",
-            "dgemm": {"before": gemm_before, "after": gemm_after, "numpy": numpy_gemm}, "bandwidth": stream, "packing": pack,
+            "dgemm": {"before": gemm_before, "after": gemm_after, "numpy": numpy_gemm}, "bandwidth": stream,
+            "packing": pack,
             "kernels": results}, indent=1))
     return 0
 

@@ -3,9 +3,9 @@
 
 STANDALONE: this file imports only numpy and the standard library (pytblis
 optionally, and Intel MKL's GEMMs through ctypes where the ``mkl`` wheel is
-installed: both come with the `fast` extra). Its source is pasted verbatim into emitted scripts, and the
-sequential executor and the distributed runtime call the same functions, so
-there is one copy of the local compute logic.
+installed: both come with the `fast` extra). Its source is pasted verbatim
+into emitted scripts, and the sequential executor and the distributed runtime
+call the same functions, so there is one copy of the local compute logic.
 
 ``contract_group`` computes a whole fused group's statement on this rank's
 blocks (a partial sum where the grid splits a summed index) with the fastest
@@ -25,9 +25,11 @@ strategy a cost model finds; ``group_strategy`` names it:
   (1.4x faster here);
 * ``pairwise``: numpy's einsum path, each step through ``contract_pair``.
 
-Every GEMM runs through ``_matmul``: Intel MKL where installed (float32/64),
-else numpy's BLAS. The cost model's constants follow the library
-(``_MTTKRP_FIT``); ``DEINSUM_GEMM=numpy`` in the environment keeps MKL out.
+Every GEMM runs through ``_matmul``: on Intel MKL where installed (float32/64)
+or on numpy's BLAS. MTTKRP GEMMs run on the library the cost model picks
+with its variant (constants per library: ``_MTTKRP_FIT``), TTM steps on
+numpy's BLAS (in pieces: faster than MKL here), other GEMMs on MKL;
+``DEINSUM_GEMM=numpy`` in the environment keeps MKL out.
 
 Results may be transposed views: a consumer reads a block stored in any axis
 order without a copy (``contract_group`` relabels it). Peak memory stays within
@@ -169,7 +171,7 @@ def contract_pair(a, b, sa, sb, out):
         bm = _matrix(b, sb, free_b, summed, rows_free=False)
         order = free_a + free_b
         res = _matmul(am, bm).reshape([a.shape[sa.index(c)] for c in free_a] +
-                                         [b.shape[sb.index(c)] for c in free_b])
+                                      [b.shape[sb.index(c)] for c in free_b])
     else:
         shape = dict(zip(sa, a.shape))
         shape.update(zip(sb, b.shape))
@@ -215,11 +217,16 @@ _CALL = 0.5e-6        # per GEMM call (numpy matmul loop + BLAS set-up)
 _CALL_SMALL = 1e-7    # per call of OpenBLAS's small-matrix kernels (no packing)
 _SMALL_RATE = 2.5e10  # their flop/s (narrow TTM steps: (8 x 24) @ (24 x n))
 _ELEM = 1.2e-9        # per element of an elementwise pass (Khatri-Rao, Hadamard-sum, copy)
-#: MTTKRP GEMM variants: (the m, k and n that double the time per flop, relative speeds of X^T KR over
-#: trailing, middle and leading modes, of KR^T X over trailing, middle and leading modes), fitted on 26 shapes here (orders 3-5, R = 8-48, every
-#: variant timed: scripts/bench_mttkrp_variants.py). OpenBLAS packs X first and streams it fastest as
-#: KR^T @ X, X untransposed; MKL streams X while it computes, fastest as X^T KR.
-_MTTKRP_FIT = (4.0, 1.0, 24.0, 1.0, 0.1, 0.1, 0.1, 0.3, 0.1) if _GEMM else (4.0, 6.0, 24.0, 0.5, 0.5, 0.5, 0.7, 1.0, 1.0)
+#: MTTKRP GEMM variants by library: (the m, k and n that double the time per flop, relative speeds of
+#: X^T KR over trailing, middle and leading modes, of KR^T X over trailing, middle and leading modes),
+#: fitted on 26 shapes here (orders 3-5, R = 8-48, every variant on both libraries timed:
+#: scripts/bench_mttkrp_variants.py). OpenBLAS packs X first and streams it fastest as KR^T @ X, X
+#: untransposed; MKL streams X while it computes, fastest as X^T KR over trailing modes (or KR^T X over
+#: middle ones; 0.1: never the pick).
+_MTTKRP_FIT = {False: (4.0, 6.0, 24.0, 0.5, 0.5, 0.5, 0.7, 1.0, 1.0),
+               True: (16.0, 64.0, 8.0, 3.0, 0.1, 0.1, 0.1, 3.0, 0.1)}
+#: Float64 words in one core's L2 cache here (2 MiB).
+_L2 = 1 << 18
 #: Elements of X per slab of a TTM chain run slab by slab (a few MiB: intermediates stay in cache).
 _SLAB = 1 << 20
 #: Temporaries up to this many elements are always allowed (beyond it: half of inputs plus output).
@@ -230,9 +237,9 @@ _SMALL_GEMM = 1_000_000
 _NARROW = 16
 
 
-def _matmul(a, b):
-    """``a @ b`` (numpy's broadcasting) on CPU blocks: MKL's strided-batch GEMM where installed and it
-    reads the float operands in place; otherwise numpy, where a float GEMM with a narrow side (<= 16: a
+def _matmul(a, b, mkl=True):
+    """``a @ b`` (numpy's broadcasting) on CPU blocks: with ``mkl``, MKL's strided-batch GEMM where
+    installed and it reads the float operands in place; otherwise numpy, where a float GEMM with a narrow side (<= 16: a
     TTM) runs in pieces of at most 1e6 multiply-adds, cut along its wide side, so OpenBLAS streams the
     wide operand in place instead of packing it first ((8 x 24) @ (24 x 13824), 24 times: 4.7 ms in
     pieces, 6.7 ms in one).
@@ -245,7 +252,7 @@ def _matmul(a, b):
     if array_module(a, b) is not np:
         return a @ b     # (a GPU's GEMM needs no pieces)
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    if dtype in _GEMM:
+    if mkl and dtype in _GEMM:
         a = np.broadcast_to(a.astype(dtype, copy=False), batch + (m, k))
         b = np.broadcast_to(b.astype(dtype, copy=False), batch + (k, n))
         res = np.empty(batch + (m, n), dtype)
@@ -308,15 +315,15 @@ def _gemm_seconds(m, k, n, calls=1, pieces=False, short=(4.0, 48.0, 24.0)):
     with ``pieces`` (TTM steps through ``_matmul``: a short k), small-matrix kernels (up to 1e6
     multiply-adds per call, or a narrow side cut in such pieces) run at a flat rate with little set-up.
     """
-    if pieces and not _GEMM and (m * k * n <= _SMALL_GEMM or min(m, n) <= _NARROW):
+    if pieces and (m * k * n <= _SMALL_GEMM or min(m, n) <= _NARROW):
         return calls * (-(-m * k * n // _SMALL_GEMM) * _CALL_SMALL + 2.0 * m * k * n / _SMALL_RATE)
     eff = 1.0 / (1.0 + short[0] / m + short[1] / k + short[2] / n)
     return calls * (2.0 * m * k * n / (_PEAK * eff) + _CALL)
 
 
 def gemm_library():
-    """The library that runs this process's float GEMMs (see ``_matmul``)."""
-    return "Intel MKL" if _GEMM else "numpy's BLAS"
+    """The libraries that run this process's float GEMMs (see ``_matmul``; a kernel on MKL says so)."""
+    return "Intel MKL and numpy's BLAS" if _GEMM else "numpy's BLAS"
 
 
 def group_strategy(inputs, output, shapes):
@@ -327,6 +334,8 @@ def group_strategy(inputs, output, shapes):
     >>> name = group_strategy(("ijklm", "jb", "kc", "ld", "me"), "ibcde", [(24,) * 5] + [(24, 8)] * 4)
     >>> name.split("; ")[:2]
     ['TTM chain: j (middle), k (middle), l (middle), m (last)', 'in slabs of 3 i']
+    >>> name.split("; ")[2]
+    'narrow GEMMs in pieces of <= 1e6 multiply-adds (float)'
     """
     return _strategy(tuple(inputs), output, tuple(tuple(int(n) for n in s) for s in shapes))[1]
 
@@ -404,7 +413,7 @@ def _mttkrp_strategy(subs, out, sizes):
     dims, nr = [sizes[c] for c in sx], sizes[r]
     budget = max(_SMALL, 0.5 * (sum(_prod(sizes[c] for c in s) for s in subs) + _prod(sizes[c] for c in out)))
     best = None
-    for s, e, orient in _mttkrp_variants(len(sx), axes):
+    for (s, e, orient), mkl in itertools.product(_mttkrp_variants(len(sx), axes), (False, True)[:1 + bool(_GEMM)]):
         a, k, b = _prod(dims[:s]), _prod(dims[s:e]), _prod(dims[e:])
         rest = _prod(dims[q] for q in axes if not s <= q < e)
         extra = (2 * k + a * b + rest) * nr       # Khatri-Rao (and its last partial), T, rest's KRP
@@ -416,19 +425,23 @@ def _mttkrp_strategy(subs, out, sizes):
             shape = (block, k, a * b, chunks) if orient == "cols" else (b, k, block, chunks)
         else:
             shape = (block, k, b, a * chunks) if orient == "cols" else (b, k, block, a * chunks)
-        gemm = _gemm_seconds(*shape, short=_MTTKRP_FIT[:3]) / \
-            _MTTKRP_FIT[3 + 3 * (orient == "cols") + (e < len(sx)) + (s == 0)]
+        kind = 3 * (orient == "cols") + (e < len(sx)) + (s == 0)
+        if mkl and kind == 4 and k * b > _L2:   # MKL's batched KR^T X is fast while each slab of X fits in L2
+            kind = 5
+        fit = _MTTKRP_FIT[mkl]
+        gemm = _gemm_seconds(*shape, short=fit[:3]) / fit[3 + kind]
         seconds = gemm + _ELEM * ((k + a * b + rest) * nr + (a * b * nr / 4 if rest > 1 else 0))
         if best is None or seconds < best[0]:
-            best = (seconds, s, e, orient, block)
-    _, s, e, orient, block = best
-    name = f"MTTKRP to ({','.join(free)}): GEMM over ({','.join(sx[s:e])}) {'X^T KR' if orient == 'rows' else 'KR^T X'}"
+            best = (seconds, s, e, orient, block, mkl)
+    _, s, e, orient, block, mkl = best
+    name = (f"MTTKRP to ({','.join(free)}): GEMM over ({','.join(sx[s:e])}) "
+            f"{'X^T KR' if orient == 'rows' else 'KR^T X'}" + " (MKL)" * mkl)
     hadamard = [c for c in sx if c in modes and c not in sx[s:e]]
     if hadamard:
         name += f", Hadamard-sum over ({','.join(hadamard)})"
     if block < nr:
         name += f", rank columns in blocks of {block}"
-    return "mttkrp", name, (x, r, (s, e, orient, block))
+    return "mttkrp", name, (x, r, (s, e, orient, block, mkl))
 
 
 def _mttkrp_variants(ndim, axes):
@@ -459,7 +472,7 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
         rest = sorted(factors)
         w = _khatri_rao([factors[q] for q in rest]).reshape([xb.shape[q] for q in rest] + [-1])
         return np.einsum(xb, list(range(n)), w, rest + [label[r]], out_axes)
-    s, e, orient, block = gemm
+    s, e, orient, block, mkl = gemm
     dims = xb.shape
     nr = next(f.shape[1] for f in factors.values())
     a, k, b = _prod(dims[:s]), _prod(dims[s:e]), _prod(dims[e:])
@@ -473,13 +486,13 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
         cols = slice(r0, min(nr, r0 + block))
         kr = _khatri_rao([factors[q][:, cols] for q in range(s, e)])
         if orient == "rows":
-            t = _matmul(xb.reshape(a, k), kr) if e == n else _matmul(xb.reshape(a, k, b).transpose(0, 2, 1), kr)
+            t = _matmul(xb.reshape(a, k) if e == n else xb.reshape(a, k, b).transpose(0, 2, 1), kr, mkl)
         elif s == 0:
-            t = _matmul(kr.T, xb.reshape(k, b))
+            t = _matmul(kr.T, xb.reshape(k, b), mkl)
         elif e == n:
-            t = _matmul(kr.T, xb.reshape(a, k).T).T
+            t = _matmul(kr.T, xb.reshape(a, k).T, mkl).T
         else:
-            t = _matmul(kr.T, xb.reshape(a, k, b))
+            t = _matmul(kr.T, xb.reshape(a, k, b), mkl)
         t = t.reshape([dims[q] if q < n else -1 for q in t_axes])
         if res is None:           # T is the result: a transposed view, no copy
             return t.transpose([t_axes.index(q) for q in out_axes])
@@ -559,7 +572,7 @@ def _ttm_strategy(subs, out, sizes):
     name = "TTM chain: " + ", ".join(f"{m} ({k})" for (m, _, _), k in zip(order, kinds))
     if rows:
         name += f"; in slabs of {rows} {sx[0]}"
-    if not _GEMM and any(m * k * n > _SMALL_GEMM and min(m, n) <= _NARROW for m, k, n in gemms):
+    if any(m * k * n > _SMALL_GEMM and min(m, n) <= _NARROW for m, k, n in gemms):
         name += "; narrow GEMMs in pieces of <= 1e6 multiply-adds (float)"
     return "ttm", name, (x, tuple(order), tuple(kinds), rows)
 
@@ -587,18 +600,18 @@ def _ttm_chain(t, labels, subs, blocks, order, kinds):
         u = array_module(u).ascontiguousarray(u)
         q, dims = labels.index(mode), t.shape
         if kind == "last":
-            t = _matmul(t.reshape(-1, dims[q]), u).reshape(dims[:q] + (u.shape[1],))
+            t = _matmul(t.reshape(-1, dims[q]), u, mkl=False).reshape(dims[:q] + (u.shape[1],))
             labels[q] = new
         elif kind == "first":
-            t = _matmul(t.reshape(dims[0], -1).T, u).reshape(dims[1:] + (u.shape[1],))
+            t = _matmul(t.reshape(dims[0], -1).T, u, mkl=False).reshape(dims[1:] + (u.shape[1],))
             labels = labels[1:] + [new]
         elif kind == "middle":
-            t = _matmul(u.T, t.reshape(_prod(dims[:q]), dims[q], -1))
+            t = _matmul(u.T, t.reshape(_prod(dims[:q]), dims[q], -1), mkl=False)
             t = t.reshape(dims[:q] + (u.shape[1],) + dims[q + 1:])
             labels[q] = new
         else:  # moved last
             perm = [d for d in range(len(dims)) if d != q] + [q]
-            t = _matmul(transposed(t, perm).reshape(-1, dims[q]), u)
+            t = _matmul(transposed(t, perm).reshape(-1, dims[q]), u, mkl=False)
             t = t.reshape(tuple(dims[d] for d in perm[:-1]) + (u.shape[1],))
             labels = labels[:q] + labels[q + 1:] + [new]
     return t, labels
