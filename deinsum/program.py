@@ -195,17 +195,20 @@ class Program:
             data = {"equation": a.equation, "analysis": a.to_dict()} | ({} if plan is None else plan.to_dict())
             if plan is not None:
                 data["peak_bytes_per_rank"] = footprint(plan).tolist()
-                data["local_kernels"] = {"gemm": gemm_library(), "rank 0": local_kernels(plan)}
+                data["local_kernels"] = {"gemm": self._gemms(), "rank 0": local_kernels(plan, 0, self.device)}
             return json.dumps(data, indent=2, default=str)
         if format != "text":
             raise DeinsumError(f"report format {format!r}: expected text, latex or json")
         if plan is None:
             return str(a)
         need = footprint(plan)
-        kernels = "".join(f"\n    group {k}: {name}" for k, name in enumerate(local_kernels(plan)))
+        kernels = "".join(f"\n    group {k}: {name}" for k, name in enumerate(local_kernels(plan, 0, self.device)))
         return (f"{a}\n\n{plan}\n  peak memory per rank (upper bound): max {int(need.max()):,} bytes "
                 f"(rank {int(need.argmax())}), mean {float(need.mean()):,.0f}\n"
-                f"  local kernels on rank 0's blocks (a cost model's pick; GEMMs: {gemm_library()}):{kernels}")
+                f"  local kernels on rank 0's blocks (a cost model's pick; GEMMs: {self._gemms()}):{kernels}")
+
+    def _gemms(self) -> str:
+        return gemm_library() if self.device == "cpu" else "CuPy's (cuBLAS)"
 
     def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None, inputs: str | None = None,
                   result: str | None = None) -> Path:
@@ -396,9 +399,9 @@ class Program:
         return plan, operands
 
 
-@lru_cache(maxsize=256)
-def local_kernels(plan: Plan, rank: int = 0) -> list[str]:
-    """How each group computes on ``rank``'s blocks: the strategy the kernels' cost model picks.
+def local_kernels(plan: Plan, rank: int = 0, device: str = "cpu") -> list[str]:
+    """How each group computes on ``rank``'s blocks (on ``device``): the strategy the kernels' cost model
+    picks.
 
     >>> import deinsum
     >>> prog = deinsum.compile("ijk,ja,ka->ia", (8, 8, 8), (8, 4), (8, 4))
@@ -408,10 +411,11 @@ def local_kernels(plan: Plan, rank: int = 0) -> list[str]:
     sizes = plan.decomposition.sizes
     shapes = [[tuple(b.stop - b.start for b in g.grid.layout(sub, sizes, partial=False).block(rank) or
                      [slice(0, 0)] * len(sub)) for _, sub in g.reads] for g in plan.groups]
-    return [group_strategy([sub for _, sub in g.reads], g.output_subscripts, shape)
+    return [group_strategy([sub for _, sub in g.reads], g.output_subscripts, shape, plan.dtype, device == "gpu")
             for g, shape in zip(plan.groups, shapes)]
 
 
+@lru_cache(maxsize=256)
 def _entry_shapes(plan: Plan, rank: int) -> tuple:
     """The block shape of each input ``rank`` passes with local inputs (None where it holds none)."""
     return tuple(layout.local_shape(rank) for layout in plan.entry)

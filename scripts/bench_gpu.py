@@ -102,7 +102,7 @@ def chosen(group, sizes):
     chose it (:data:`deinsum.codegen.gpu.CHOICES`)."""
     inputs = tuple(s for _, s in group.reads)
     shapes = tuple(tuple(sizes[c] for c in s) for s in inputs)
-    name = group_strategy(inputs, group.output_subscripts, shapes)
+    name = group_strategy(inputs, group.output_subscripts, shapes, device=True)
     winner, seconds = next((v for k, v in CHOICES.items() if k[1:4] == (inputs, group.output_subscripts, shapes)),
                            ("kernel", {}))
     if len(seconds) < 2:

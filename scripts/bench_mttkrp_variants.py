@@ -61,7 +61,7 @@ def measure(dims, nr, repeat, rng):
         ops = [x] + [f for q, f in enumerate(factors) if q != mode]
         out = sx[mode] + "a"
         axes = [q for q in range(len(dims)) if q != mode]
-        picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops))[2][2]   # (s, e, orient, block, mkl)
+        picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops), bool(K._GEMM))[2][2]   # + block, mkl
         pick = picked[:3] + picked[4:]
         times = {}
         for (s, e, orient), mkl in itertools.product(K._mttkrp_variants(len(dims), axes), LIBRARIES):

@@ -72,14 +72,21 @@ def _mkl_gemms():
     MKL streams the wide operand of a narrow GEMM while it computes, where OpenBLAS first packs it:
     (13824 x 576) @ (576 x 24) runs in 5.3 ms instead of 8.1 here (one thread).
     """
-    libs = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
-    if os.environ.get("DEINSUM_GEMM") == "numpy" or not libs:
+    choice = os.environ.get("DEINSUM_GEMM", "mkl")
+    if choice not in ("mkl", "numpy"):
+        raise ValueError(f"DEINSUM_GEMM={choice!r}: expected mkl (where installed, the default) or numpy")
+    libs = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")), reverse=True)   # newest first
+    if choice == "numpy" or not libs:
         return {}
-    lib, i, p, found = ctypes.CDLL(libs[0]), ctypes.c_int64, ctypes.c_void_p, {}
-    for dtype, real, letter in ((np.float64, ctypes.c_double, "d"), (np.float32, ctypes.c_float, "s")):
-        gemm = getattr(lib, f"cblas_{letter}gemm_batch_strided_64")
-        gemm.argtypes = [ctypes.c_int] * 3 + [i] * 3 + [real, p, i, i, p, i, i, real, p, i, i, i]
-        found[np.dtype(dtype)] = gemm
+    i, p, found = ctypes.c_int64, ctypes.c_void_p, {}
+    try:   # an MKL older than 2023 (no 64-bit-integer API) or a broken library: numpy's BLAS instead
+        lib = ctypes.CDLL(libs[0])
+        for dtype, real, letter in ((np.float64, ctypes.c_double, "d"), (np.float32, ctypes.c_float, "s")):
+            gemm = getattr(lib, f"cblas_{letter}gemm_batch_strided_64")
+            gemm.argtypes = [ctypes.c_int] * 3 + [i] * 3 + [real, p, i, i, p, i, i, real, p, i, i, i]
+            found[np.dtype(dtype)] = gemm
+    except (OSError, AttributeError):
+        return {}
     return found
 
 
@@ -221,11 +228,11 @@ _ELEM = 1.2e-9        # per element of an elementwise pass (Khatri-Rao, Hadamard
 #: X^T KR over trailing, middle and leading modes, of KR^T X over trailing, middle and leading modes),
 #: fitted on 26 shapes here (orders 3-5, R = 8-48, every variant on both libraries timed:
 #: scripts/bench_mttkrp_variants.py). OpenBLAS packs X first and streams it fastest as KR^T @ X, X
-#: untransposed; MKL streams X while it computes, fastest as X^T KR over trailing modes (or KR^T X over
-#: middle ones; 0.1: never the pick).
+#: untransposed; MKL streams X while it computes, fastest as X^T KR over trailing modes or KR^T X over
+#: middle ones (its other speeds, 0.1, are set: never the pick).
 _MTTKRP_FIT = {False: (4.0, 6.0, 24.0, 0.5, 0.5, 0.5, 0.7, 1.0, 1.0),
                True: (16.0, 64.0, 8.0, 3.0, 0.1, 0.1, 0.1, 3.0, 0.1)}
-#: Float64 words in one core's L2 cache here (2 MiB).
+#: Float64 words in one core's L2 cache here (2 MiB; for float32 blocks the MKL model errs by 2x).
 _L2 = 1 << 18
 #: Elements of X per slab of a TTM chain run slab by slab (a few MiB: intermediates stay in cache).
 _SLAB = 1 << 20
@@ -255,13 +262,13 @@ def _matmul(a, b, mkl=True):
     if mkl and dtype in _GEMM:
         a = np.broadcast_to(a.astype(dtype, copy=False), batch + (m, k))
         b = np.broadcast_to(b.astype(dtype, copy=False), batch + (k, n))
-        res = np.empty(batch + (m, n), dtype)
-        views = [_cblas_view(v) for v in (a, b, res)]
+        views = [_cblas_view(v) for v in (a, b)]
         if None not in views:
-            (ta, lda, sa), (tb, ldb, sb), (_, ldc, sc) = views
-            if res.size:   # (k = 0: beta = 0 writes zeros)
+            (ta, lda, sa), (tb, ldb, sb) = views
+            res = np.empty(batch + (m, n), dtype)
+            if res.size:   # (k = 0: beta = 0 writes zeros; C is C-ordered: ldc = n, MKL wants stridec >= m n)
                 _GEMM[dtype](101, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, sa, b.ctypes.data, ldb, sb,
-                             0.0, res.ctypes.data, ldc, sc, res.size // (m * n))
+                             0.0, res.ctypes.data, n, m * n, res.size // (m * n))
             return res
     if m * k * n <= _SMALL_GEMM or min(m, n) > _NARROW or dtype.kind != "f":
         return a @ b
@@ -297,7 +304,7 @@ def _cblas_view(x):
     if any(s != s2 * n2 for (_, s), (n2, s2) in zip(batch, batch[1:])):
         return None
     ld = max(1, ld)
-    return flag, ld, batch[-1][1] if batch else (r if flag == 111 else c) * ld   # (MKL checks C's)
+    return flag, ld, batch[-1][1] if batch else (r if flag == 111 else c) * ld
 
 
 def _prod(values):
@@ -326,8 +333,9 @@ def gemm_library():
     return "Intel MKL and numpy's BLAS" if _GEMM else "numpy's BLAS"
 
 
-def group_strategy(inputs, output, shapes):
-    """The name of the strategy ``contract_group`` uses for these subscripts and block shapes.
+def group_strategy(inputs, output, shapes, dtype=np.float64, device=False):
+    """The name of the strategy ``contract_group`` uses for these subscripts, block shapes and dtype (on
+    the CPU, or on a GPU with ``device``).
 
     >>> group_strategy(("ij", "jk"), "ik", [(4, 5), (5, 6)])
     'pairwise: ij,jk->ik'
@@ -337,7 +345,8 @@ def group_strategy(inputs, output, shapes):
     >>> name.split("; ")[2]
     'narrow GEMMs in pieces of <= 1e6 multiply-adds (float)'
     """
-    return _strategy(tuple(inputs), output, tuple(tuple(int(n) for n in s) for s in shapes))[1]
+    return _strategy(tuple(inputs), output, tuple(tuple(int(n) for n in s) for s in shapes),
+                     np.dtype(dtype) in _GEMM and not device)[1]
 
 
 def contract_group(inputs, output, *blocks):
@@ -363,13 +372,14 @@ def contract_group(inputs, output, *blocks):
                 b, s = b.transpose(perm), "".join(s[d] for d in perm)
         blocks[n] = b
         subs.append(s)
-    kind, _, params = _strategy(tuple(subs), output, tuple(b.shape for b in blocks))
+    kind, _, params = _strategy(tuple(subs), output, tuple(b.shape for b in blocks), dtype in _GEMM and xp is np)
     return _RUN[kind](subs, output, blocks, dtype, params)
 
 
 @lru_cache(maxsize=256)
-def _strategy(subs, out, shapes):
-    """(kind, name, params) for ``contract_group``; pure function of subscripts and shapes."""
+def _strategy(subs, out, shapes, mkl):
+    """(kind, name, params) for ``contract_group``; pure function of subscripts, shapes and whether MKL
+    can run the GEMMs (float32/64 on the CPU, where installed)."""
     sizes = {}
     for s, shape in zip(subs, shapes):
         if len(s) != len(shape):
@@ -379,17 +389,16 @@ def _strategy(subs, out, shapes):
                 return "einsum", "einsum (broadcast sizes)", None
     if 0 in sizes.values():
         return "zeros", "zeros (an empty block)", tuple(sizes[c] for c in out)
-    for match in (_mttkrp_strategy, _ttm_strategy):
-        found = match(subs, out, sizes)
-        if found is not None:
-            return found
+    found = _mttkrp_strategy(subs, out, sizes, mkl) or _ttm_strategy(subs, out, sizes)
+    if found is not None:
+        return found
     return _pairwise_strategy(subs, out, sizes)
 
 
 # ---------------------------------------------------------------------------------------------
 # MTTKRP: out[free..., r] = sum over the factored modes of X[...] * prod_q F_q[n_q, r]
 # ---------------------------------------------------------------------------------------------
-def _mttkrp_strategy(subs, out, sizes):
+def _mttkrp_strategy(subs, out, sizes, mkl):
     """Full or partial MTTKRP (several free modes; X may already hold r: then a Hadamard-sum)."""
     big = [n for n, s in enumerate(subs) if len(s) >= 3]
     if len(subs) < 3 or len(big) != 1 or len(set(subs[big[0]])) != len(subs[big[0]]):
@@ -413,7 +422,7 @@ def _mttkrp_strategy(subs, out, sizes):
     dims, nr = [sizes[c] for c in sx], sizes[r]
     budget = max(_SMALL, 0.5 * (sum(_prod(sizes[c] for c in s) for s in subs) + _prod(sizes[c] for c in out)))
     best = None
-    for (s, e, orient), mkl in itertools.product(_mttkrp_variants(len(sx), axes), (False, True)[:1 + bool(_GEMM)]):
+    for (s, e, orient), on_mkl in itertools.product(_mttkrp_variants(len(sx), axes), (False, True)[:1 + mkl]):
         a, k, b = _prod(dims[:s]), _prod(dims[s:e]), _prod(dims[e:])
         rest = _prod(dims[q] for q in axes if not s <= q < e)
         extra = (2 * k + a * b + rest) * nr       # Khatri-Rao (and its last partial), T, rest's KRP
@@ -425,14 +434,14 @@ def _mttkrp_strategy(subs, out, sizes):
             shape = (block, k, a * b, chunks) if orient == "cols" else (b, k, block, chunks)
         else:
             shape = (block, k, b, a * chunks) if orient == "cols" else (b, k, block, a * chunks)
-        kind = 3 * (orient == "cols") + (e < len(sx)) + (s == 0)
-        if mkl and kind == 4 and k * b > _L2:   # MKL's batched KR^T X is fast while each slab of X fits in L2
-            kind = 5
-        fit = _MTTKRP_FIT[mkl]
-        gemm = _gemm_seconds(*shape, short=fit[:3]) / fit[3 + kind]
+        where = 0 if e == len(sx) else 1 if s > 0 else 2     # the run of modes: trailing, middle, leading
+        if on_mkl and orient == "cols" and where == 1 and k * b > _L2:
+            where = 2   # MKL's batched KR^T X runs as fast as over middle modes only while a slab of X fits in L2
+        fit = _MTTKRP_FIT[on_mkl]
+        gemm = _gemm_seconds(*shape, short=fit[:3]) / fit[3 + 3 * (orient == "cols") + where]
         seconds = gemm + _ELEM * ((k + a * b + rest) * nr + (a * b * nr / 4 if rest > 1 else 0))
         if best is None or seconds < best[0]:
-            best = (seconds, s, e, orient, block, mkl)
+            best = (seconds, s, e, orient, block, on_mkl)
     _, s, e, orient, block, mkl = best
     name = (f"MTTKRP to ({','.join(free)}): GEMM over ({','.join(sx[s:e])}) "
             f"{'X^T KR' if orient == 'rows' else 'KR^T X'}" + " (MKL)" * mkl)
