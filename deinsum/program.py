@@ -269,7 +269,7 @@ class Program:
         blocks = [a.local if isinstance(a, DistributedArray) else a for a in arrays]
         # a repeat of this rank's last checked call reuses its plan, if every rank repeats a call with the same
         # memory: each rank's cache holds its own last call (on any communicator), so the ranks vote, in one
-        # small allreduce instead of planning, an allgather and an allreduce
+        # small allreduce instead of planning again and agreeing on the plan
         call = (self.equation, shapes, dtype, inputs, result, pins, self.memory, self.device, comm.size)
         cached = self._checked_call[1] if self._checked_call and self._checked_call[0] == call else None
         words = cached.memory if cached is not None else 0

@@ -152,6 +152,46 @@ def test_a_plan_is_reused_only_when_every_rank_repeats_its_call(tmp_path):
         assert outcome(res.stdout, label, 3) == "right", label
 
 
+def test_agreement_reduces_three_integers_and_gathers_only_to_explain(tmp_path):
+    """``agree``: ranks that agree do one Allreduce and no allgather (nothing that grows with P); a
+    disagreement or one rank's failure then gathers what is needed for the same one-line error everywhere."""
+    res = run_mpi(3, '''
+        from mpi4py import MPI
+        from deinsum.codegen.checks import agree
+        rank = MPI.COMM_WORLD.rank
+
+        class Counting:
+            def __init__(self, comm):
+                self.comm, self.calls = comm, []
+
+            def __getattr__(self, name):
+                self.calls.append(name)
+                return getattr(self.comm, name)
+
+        comm, lines = Counting(MPI.COMM_WORLD), []
+        agree(comm, {"shapes": ((4, 5),), "dtype": "float64"})
+        lines.append(f"agreeing {rank} {sorted(set(comm.calls) - {'Get_size'})}")
+        comm.calls.clear()
+        for facts, failure in [({"n": rank % 2}, None), ({}, "bad  block" if rank == 2 else None)]:
+            try:
+                agree(comm, facts, failure)
+            except ValueError as exc:
+                lines.append(f"error {rank} {exc}")
+        lines.append(f"explaining {rank} {sorted(set(comm.calls) - {'Get_size'})}")
+        every = MPI.COMM_WORLD.gather(lines)
+        if rank == 0:
+            print("\\n".join(line for ranks in every for line in ranks))
+    ''', tmp_path=tmp_path, timeout=60)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert sorted(x for x in lines if x.startswith("agreeing")) == [f"agreeing {r} ['Allreduce']" for r in range(3)]
+    assert sorted(x for x in lines if x.startswith("error")) == sorted(
+        [f"error {r} the ranks disagree on n: 0 on ranks 0, 2; 1 on rank 1" for r in range(3)]
+        + [f"error {r} rank 2: bad block" for r in range(3)])
+    assert sorted(x for x in lines if x.startswith("explaining")) == [
+        f"explaining {r} ['Allreduce', 'allgather']" for r in range(3)]
+
+
 # ---- row 4: a plan that does not fit in memory is refused before anything is allocated --------------
 def test_a_plan_over_the_memory_limit_is_refused_before_allocation(tmp_path):
     res = run_mpi(2, job('''

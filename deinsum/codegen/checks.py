@@ -5,7 +5,7 @@ is pasted verbatim into emitted scripts, and ``deinsum.program`` imports it.
 Functions that raise take the exception class to raise (``error``), so the
 library raises ``DeinsumError`` and a script its ``ProgramError``.
 
-Collective by construction: :func:`agree` is one small ``allgather`` after
+Collective by construction: :func:`agree` is one small ``Allreduce`` after
 which every rank either goes on or raises the same one-line error.
 
 >>> from mpi4py import MPI
@@ -43,11 +43,13 @@ def _one_line(text):
 
 def agree(comm, facts, failure=None, error=ValueError):
     """Collective: every rank passes its ``facts`` (a dict of small values) and its local
-    ``failure`` (a message, or None). One ``allgather`` of a digest of the facts and the
-    failure; then every rank raises the same one-line ``error`` if any rank failed (the
+    ``failure`` (a message, or None). One ``Allreduce`` of three integers (whether any rank
+    failed, the smallest and the largest digest of the facts: O(log P), no data that grows
+    with P); then every rank raises the same one-line ``error`` if any rank failed (the
     lowest such rank's message, naming it) or if the facts differ (each differing fact with
-    the ranks that hold each value), else returns None on every rank. On one rank there is
-    nobody to disagree with: no allgather, its failure raised as is.
+    the ranks that hold each value), else returns None on every rank. Only then are the
+    messages or facts gathered, to say what went wrong. On one rank there is nobody to
+    disagree with: no reduction, its failure raised as is.
 
     >>> agree(MPI.COMM_SELF, {"dtype": "float64"}, error=KeyError) is None
     True
@@ -56,14 +58,18 @@ def agree(comm, facts, failure=None, error=ValueError):
     ...
     KeyError: 'operand 0: bad'
     """
-    if comm.Get_size() == 1:   # nobody to disagree with: no digest, no allgather
+    if comm.Get_size() == 1:   # nobody to disagree with: no digest, no reduction
         if failure is not None:
             raise error(_one_line(failure))
         return None
     facts = {str(k): repr(v) for k, v in facts.items()}
-    digest = hashlib.sha256(repr(sorted(facts.items())).encode()).hexdigest()[:16]
-    gathered = comm.allgather((None if failure is None else _one_line(failure), digest))
-    failed = [(r, f) for r, (f, _) in enumerate(gathered) if f is not None]
+    digest = int(hashlib.sha256(repr(sorted(facts.items())).encode()).hexdigest()[:15], 16)   # < 2**60
+    votes = np.array([-(failure is not None), digest, -digest], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, votes, op=MPI.MIN)                 # any failure, min digest, -(max digest)
+    if not votes[0] and votes[1] == -votes[2]:
+        return None
+    gathered = comm.allgather(None if failure is None else _one_line(failure))
+    failed = [(r, f) for r, f in enumerate(gathered) if f is not None]
     if failed:
         rank, message = failed[0]
         if len(failed) == comm.Get_size() and all(f == message for _, f in failed):
@@ -71,10 +77,7 @@ def agree(comm, facts, failure=None, error=ValueError):
         others = [r for r, _ in failed[1:]]
         also = f" (also failing: {_ranks(others)})" if others else ""
         raise error(f"rank {rank}: {message}{also}")
-    if len({d for _, d in gathered}) == 1:
-        return None
-    # the digests differ: gather the details (still every rank, so still collective)
-    every = comm.allgather(facts)
+    every = comm.allgather(facts)   # the digests differ: the details (every rank, so still collective)
     keys = sorted(set().union(*every))
     parts = []
     for key in keys:
