@@ -246,10 +246,10 @@ _NARROW = 16
 
 def _matmul(a, b, mkl=True):
     """``a @ b`` (numpy's broadcasting) on CPU blocks: with ``mkl``, MKL's strided-batch GEMM where
-    installed and it reads the float operands in place; otherwise numpy, where a float GEMM with a narrow side (<= 16: a
-    TTM) runs in pieces of at most 1e6 multiply-adds, cut along its wide side, so OpenBLAS streams the
-    wide operand in place instead of packing it first ((8 x 24) @ (24 x 13824), 24 times: 4.7 ms in
-    pieces, 6.7 ms in one).
+    installed and it reads the float operands in place; otherwise numpy, where a float GEMM with a
+    narrow side (<= 16: a TTM) runs in pieces of at most 1e6 multiply-adds, cut along its wide side,
+    so OpenBLAS streams the wide operand in place instead of packing it first ((8 x 24) @ (24 x 13824),
+    24 times: 4.7 ms in pieces, 6.7 ms in one).
 
     >>> a, b = np.ones((2, 8, 24)), np.ones((24, 9000))
     >>> bool((_matmul(a, b) == 24).all()), _matmul(a, b[:, :0]).shape
