@@ -17,7 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .codegen.checks import agree, check_cast, check_output_path, collectively, node_place, write_atomically
+from .codegen.checks import agree, check_cast, check_output_path, collectively, node_place, unanimous
+from .codegen.checks import write_atomically
 from .codegen.emit import generate
 from .codegen.gpu import is_device_array, open_device
 from .codegen.kernels import contract_pair, gemm_library, group_strategy, unary
@@ -273,10 +274,7 @@ class Program:
         call = (self.equation, shapes, dtype, inputs, result, pins, self.memory, self.device, comm.size)
         cached = self._checked_call[1] if self._checked_call and self._checked_call[0] == call else None
         words = cached.memory if cached is not None else 0
-        vote = np.array([cached is not None, words, -words], dtype=np.int64)
-        if comm.size > 1:
-            comm.Allreduce(MPI.IN_PLACE, vote, op=MPI.MIN)
-        if vote[0] and vote[1] == -vote[2]:
+        if unanimous(comm, cached is not None, words):
             plan, memory = cached, words
         else:
             plan = collectively(comm, self.plan, shapes, comm.size, dtype, inputs, result, dict(pins),
@@ -409,8 +407,8 @@ def local_kernels(plan: Plan, rank: int = 0, device: str = "cpu") -> list[str]:
     'MTTKRP to (i)'
     """
     sizes = plan.decomposition.sizes
-    shapes = [[tuple(b.stop - b.start for b in g.grid.layout(sub, sizes, partial=False).block(rank) or
-                     [slice(0, 0)] * len(sub)) for _, sub in g.reads] for g in plan.groups]
+    shapes = [[g.grid.layout(sub, sizes, partial=False).local_shape(rank) or (0,) * len(sub) for _, sub in g.reads]
+              for g in plan.groups]
     return [group_strategy([sub for _, sub in g.reads], g.output_subscripts, shape, plan.dtype, device == "gpu")
             for g, shape in zip(plan.groups, shapes)]
 

@@ -160,6 +160,7 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
     subs = lhs.split(",")
     shapes = [tuple(sizes[c] for c in s) for s in subs]
     from deinsum.codegen.kernels import _matmul
+    from deinsum.program import local_kernels
     rng = np.random.default_rng(42)
     ops = [rng.standard_normal(s) for s in shapes]
     ref = np.einsum(eq, *ops, optimize=True)
@@ -199,9 +200,7 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
     errors["local"] = not comm.allreduce(close(local, ref[(slice(None),) * out.index(split) + (slice(lo, hi),)]),
                                          op=_op("LAND"))
     strategy = group_strategy(subs, out, [b.shape for b in slab])
-    group_strategies = [group_strategy([s for _, s in g.reads], g.output_subscripts,
-                                       [tuple(hi - lo for lo, hi in zip(*_box(g, s, sizes, rank)))
-                                        for _, s in g.reads]) for g in plan.groups]
+    group_strategies = local_kernels(plan, rank)
 
     calls = {"deinsum": lambda: prog(*blocks, comm=comm, inputs="local", result="distributed"),
              "local": lambda: contract_group(subs, out, *slab)}
@@ -231,15 +230,6 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
             "wrong": [s for s, e in errors.items() if e], "local_strategy": strategy,
             "group_strategies": group_strategies,
             "grids": [f"{g.indices}={'x'.join(map(str, g.grid.dims))}" for g in plan.groups]}
-
-
-def _box(group, sub, sizes, rank):
-    """(lo, hi) per index of ``sub`` on ``rank`` in the group's grid (the rank's block of a read)."""
-    layout = group.grid.layout(sub, sizes, partial=False)
-    block = layout.block(rank)
-    if block is None:
-        return [0] * len(sub), [0] * len(sub)
-    return [s.start for s in block], [s.stop for s in block]
 
 
 def _op(name):

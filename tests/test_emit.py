@@ -229,7 +229,7 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
 def test_script_size_does_not_grow_with_the_ranks(inputs, result):
     """MTTKRP 64^3 x 8: each rank builds its own tables from the layouts, so P = 8, 512 and 65,536 give
     scripts of the same size that define every name they use: <= 64 kB (issue 11 set 60 kB; the MKL GEMM
-    path, 2.4 kB, took the scripts to 62.4 kB; 62.6 kB with agree's Allreduce)."""
+    path, 2.4 kB, took the scripts to 62.4 kB; 62.7 kB with agree's Allreduce)."""
     prog = deinsum.compile("ijk,ja,ka->ia", (64, 64, 64), (64, 8), (64, 8), inputs=inputs, result=result)
     sizes = {}
     for nprocs in (8, 512, 65536):

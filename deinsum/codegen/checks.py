@@ -41,6 +41,19 @@ def _one_line(text):
     return " ".join(str(text).split())
 
 
+def unanimous(comm, ok, value):
+    """Collective: whether every rank is ``ok`` and passes the same integer ``value`` (|value| < 2**62):
+    one ``Allreduce`` (MIN) of three int64s, none on one rank.
+
+    >>> unanimous(MPI.COMM_SELF, True, 7), unanimous(MPI.COMM_SELF, False, 7)
+    (True, False)
+    """
+    votes = np.array([ok, value, -value], dtype=np.int64)
+    if comm.Get_size() > 1:
+        comm.Allreduce(MPI.IN_PLACE, votes, op=MPI.MIN)     # all ok, min value, -(max value)
+    return bool(votes[0] and votes[1] == -votes[2])
+
+
 def agree(comm, facts, failure=None, error=ValueError):
     """Collective: every rank passes its ``facts`` (a dict of small values) and its local
     ``failure`` (a message, or None). One ``Allreduce`` of three integers (whether any rank
@@ -64,9 +77,7 @@ def agree(comm, facts, failure=None, error=ValueError):
         return None
     facts = {str(k): repr(v) for k, v in facts.items()}
     digest = int(hashlib.sha256(repr(sorted(facts.items())).encode()).hexdigest()[:15], 16)   # < 2**60
-    votes = np.array([-(failure is not None), digest, -digest], dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, votes, op=MPI.MIN)                 # any failure, min digest, -(max digest)
-    if not votes[0] and votes[1] == -votes[2]:
+    if unanimous(comm, failure is None, digest):
         return None
     gathered = comm.allgather(None if failure is None else _one_line(failure))
     failed = [(r, f) for r, f in enumerate(gathered) if f is not None]

@@ -442,15 +442,15 @@ def _mttkrp_strategy(subs, out, sizes, mkl):
         seconds = gemm + _ELEM * ((k + a * b + rest) * nr + (a * b * nr / 4 if rest > 1 else 0))
         if best is None or seconds < best[0]:
             best = (seconds, s, e, orient, block, on_mkl)
-    _, s, e, orient, block, mkl = best
+    _, s, e, orient, block, on_mkl = best
     name = (f"MTTKRP to ({','.join(free)}): GEMM over ({','.join(sx[s:e])}) "
-            f"{'X^T KR' if orient == 'rows' else 'KR^T X'}" + " (MKL)" * mkl)
+            f"{'X^T KR' if orient == 'rows' else 'KR^T X'}" + " (MKL)" * on_mkl)
     hadamard = [c for c in sx if c in modes and c not in sx[s:e]]
     if hadamard:
         name += f", Hadamard-sum over ({','.join(hadamard)})"
     if block < nr:
         name += f", rank columns in blocks of {block}"
-    return "mttkrp", name, (x, r, (s, e, orient, block, mkl))
+    return "mttkrp", name, (x, r, (s, e, orient, block, on_mkl))
 
 
 def _mttkrp_variants(ndim, axes):
