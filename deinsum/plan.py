@@ -577,26 +577,29 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
                 tuple(entry[n] for n in d.input_names), entry["out"], schedule, tuple(sorted(pins)))
     states = {partition: state for _, partition, state in scored}
     states[scored[0][1]] = best
-    return replace(plan, bound=_plan_bound(plan, analysis, states, scored[0][1]))
+    fixed = {**{n: s for n, s in starts.items() if s is not None}, **({"out": finish} if finish else {})}
+    return replace(plan, bound=_plan_bound(plan, analysis, states, scored[0][1], fixed))
 
 
-def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
+def _plan_bound(plan: Plan, analysis, scored: dict, chosen, fixed: Mapping[str, Layout]) -> PlanBound:
     """The lower bound for this einsum and start: the least, over fusion candidates, of the largest
     per-rank bound of a group; in each candidate a rank owns at most the largest block that the
-    candidate's plan (or an even layout) gives it."""
+    caller's ``fixed`` layouts (inputs' starts, the result's end: a global input is whole on every
+    rank), the candidate's plan, or else an even layout give it."""
     d, nprocs = plan.decomposition, plan.nprocs
     candidates, per_partition = [], {}
     for c in analysis.candidates:
         owned: dict[str, int] = {}
+        layouts = list(fixed.items())
         state = scored.get(c.partition)
         if state is not None:
             # inputs where they start, the result where it ends, an intermediate's complete values where its
             # group leaves them (a block of partial sums holds, after a reduce-scatter, 1/R of it complete)
-            layouts = list(state.entry) + [(item.output, item.grid.layout(item.output_subscripts, d.sizes))
-                                           for kind, item in state.items if kind == "compute" and item.output != "out"]
-            for name, layout in layouts:
-                block = -(-Layout(layout.shape, layout.grid, layout.axes).largest_block() // layout.n_summands)
-                owned[name] = max(owned.get(name, 0), block)
+            layouts += list(state.entry) + [(item.output, item.grid.layout(item.output_subscripts, d.sizes))
+                                            for kind, item in state.items if kind == "compute" and item.output != "out"]
+        for name, layout in layouts:
+            block = -(-Layout(layout.shape, layout.grid, layout.axes).largest_block() // layout.n_summands)
+            owned[name] = max(owned.get(name, 0), block)
         bounds = [parallel_bound(g.statement, d.sizes, nprocs, plan.memory, owned) for g in c.groups]
         per_partition[c.partition] = bounds
         modeled = None if state is None else int(state.received.max(initial=0))

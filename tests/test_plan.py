@@ -100,17 +100,27 @@ def bound_cases(count, seed):
     return [(eq, shapes, int(rng.integers(1, 4097))) for eq, shapes in cases[:count]]
 
 
-def check_bound(eq, shapes, nprocs):
+def check_bound(eq, shapes, nprocs, inputs="local", result="distributed"):
     d = decompose(eq, *shapes)
-    plan = build_plan(d, nprocs, inputs="local", result="distributed")
+    plan = build_plan(d, nprocs, inputs=inputs, result=result)
     for partition, bound, words in plan.bound.candidates:
         assert words is None or bound <= words, (eq, shapes, nprocs, partition, bound, words)
     assert plan.bound.words <= busiest(plan), (eq, shapes, nprocs)
+    assert plan.bound.chosen_words <= busiest(plan), (eq, shapes, nprocs)
 
 
 @pytest.mark.parametrize("eq, shapes, nprocs", bound_cases(40, seed=11))
 def test_bound_never_exceeds_a_scored_plan_on_random_einsums(eq, shapes, nprocs):
     check_bound(eq, shapes, nprocs)
+
+
+@pytest.mark.parametrize("inputs, result", [("global", "distributed"), ("global", "all"), ("root", "root"),
+                                           ("local", "all"), ("root", "distributed")])
+@pytest.mark.parametrize("eq, shapes, nprocs", bound_cases(6, seed=13) + [("ij,jk->ik", [(64, 64), (64, 64)], 2)])
+def test_bound_holds_wherever_inputs_start_and_the_result_ends(eq, shapes, nprocs, inputs, result):
+    """A global input is whole on every rank: a plan that moves nothing has bound 0 (it printed 1,596
+    words for this 64^3 matrix product on 2 ranks, a plan that received none)."""
+    check_bound(eq, shapes, nprocs, inputs, result)
 
 
 @pytest.mark.slow
