@@ -44,9 +44,18 @@ SOAP I/O lower bound of ijk,ja,ka->ia
 from .fusion import DEFAULT_S, Analysis, Candidate, GroupBound, analyze, partitions, sdg, valid_groups
 from .numeric import NumericBound, numeric_bound, numeric_chi
 from .parallel import LAYOUT, ParallelBound, parallel_bound
-from .statement import P, S, X, Statement, size_symbol
-from .symbolic import SymbolicBound, symbolic_bound
+from .statement import Statement, size_symbol
 
+
+def __getattr__(name: str):
+    """The closed forms' names (SymPy, loaded on first use: planning with sizes never needs it)."""
+    if name in ("P", "S", "X"):
+        from . import statement
+        return getattr(statement, name)
+    if name in ("SymbolicBound", "symbolic_bound"):
+        from . import symbolic
+        return getattr(symbolic, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def clear_caches() -> None:

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Sequence
-
-import sympy as sp
+from typing import TYPE_CHECKING, Sequence
 
 from ..errors import DeinsumError
 from .numeric import NumericBound, check_positive, numeric_bound
 from .parallel import LAYOUT, ParallelBound, check_ranks, parallel_bound
-from .statement import S as S_SYMBOL, Statement
-from .symbolic import SymbolicBound, symbolic_bound
+from .statement import Statement
+
+if TYPE_CHECKING:   # closed forms (SymPy) load where they are asked for: sizes alone never need them
+    from .symbolic import SymbolicBound
 
 #: Fast memory (words) assumed for concrete sizes when no S is given: 2**27 words = 1 GiB of float64.
 DEFAULT_S = 2**27
@@ -61,6 +61,7 @@ class GroupBound:
     @property
     def symbolic(self) -> SymbolicBound:
         """Closed form (computed on first use, then cached)."""
+        from .symbolic import symbolic_bound
         return symbolic_bound(self.statement)
 
     @property
@@ -74,6 +75,8 @@ class GroupBound:
         """``expr`` with the given S substituted (no-op without one)."""
         if expr is None or self.S is None:
             return expr
+        import sympy as sp
+        from .statement import S as S_SYMBOL
         return expr.subs(S_SYMBOL, sp.Integer(int(self.S)) if self.S.is_integer() else sp.Float(self.S))
 
 
@@ -98,7 +101,10 @@ class Candidate:
         parts = [g.Q for g in self.groups]
         if any(q is None for q in parts):
             return None
-        return sum(parts) if all(isinstance(q, float) for q in parts) else sp.Add(*parts)
+        if all(isinstance(q, float) for q in parts):
+            return sum(parts)
+        import sympy as sp
+        return sp.Add(*parts)
 
 
 @dataclass(frozen=True)
@@ -249,6 +255,8 @@ def analyze(decomposition, S: float | None = None, P: int | None = None) -> Anal
 @lru_cache(maxsize=4096)
 def _reference_cost(terms: tuple[str, ...], S: float) -> float:
     """Bound at the reference point: the closed form where there is one, else the numeric bound."""
+    from .statement import S as S_SYMBOL
+    from .symbolic import symbolic_bound
     st = Statement(terms)
     sym = symbolic_bound(st)
     if sym.has_bound:

@@ -19,17 +19,23 @@ from math import prod
 from typing import Mapping, Sequence
 
 import numpy as np
-import sympy as sp
 
 from ..errors import DeinsumError
 
-S = sp.Symbol("S", positive=True)
-P = sp.Symbol("P", positive=True)
-X = sp.Symbol("X", positive=True)
+
+def __getattr__(name: str):
+    """``S`` (fast memory), ``P`` (ranks) and ``X`` (a footprint): positive SymPy symbols, made on first
+    use, so that planning with sizes never loads SymPy (a quarter of a second in every rank's start-up)."""
+    if name not in ("S", "P", "X"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import sympy as sp
+    globals()[name] = symbol = sp.Symbol(name, positive=True)
+    return symbol
 
 
-def size_symbol(index: str) -> sp.Symbol:
-    """The size symbol ``N_<index>`` (positive)."""
+def size_symbol(index: str):
+    """The size symbol ``N_<index>`` (a positive SymPy symbol)."""
+    import sympy as sp
     return sp.Symbol(f"N_{index}", positive=True)
 
 
@@ -113,12 +119,14 @@ class Statement:
     def iteration_space(self, sizes: Mapping[str, int] | None = None):
         """``|V|``: the product of the variables' sizes (a SymPy product of ``N_v`` without sizes)."""
         if sizes is None:
+            import sympy as sp
             return sp.Mul(*(size_symbol(v) for v in self.variables))
         return prod(check_sizes(self, sizes).values())
 
     def term_size(self, term: str, sizes: Mapping[str, int] | None = None):
         """Number of elements of one term (symbolic without sizes)."""
         if sizes is None:
+            import sympy as sp
             return sp.Mul(*(size_symbol(v) for v in term))
         return prod(int(sizes[v]) for v in term)
 
