@@ -588,6 +588,7 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen, fixed: Mapping[str, 
     rank), the candidate's plan, or else an even layout give it."""
     d, nprocs = plan.decomposition, plan.nprocs
     candidates, per_partition = [], {}
+    whole, last = _whole_result_words(d, nprocs, fixed.get("out")), len(d.steps) - 1
     for c in analysis.candidates:
         owned: dict[str, int] = {}
         layouts = list(fixed.items())
@@ -600,15 +601,38 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen, fixed: Mapping[str, 
         for name, layout in layouts:
             block = -(-Layout(layout.shape, layout.grid, layout.axes).largest_block() // layout.n_summands)
             owned[name] = max(owned.get(name, 0), block)
-        bounds = [parallel_bound(g.statement, d.sizes, nprocs, plan.memory, owned) for g in c.groups]
+        bounds = []   # (words, what binds) of each group; the last group's result may have to end whole
+        for g in c.groups:
+            b = parallel_bound(g.statement, d.sizes, nprocs, plan.memory, owned)
+            bounds.append((whole, WHOLE_RESULT) if last in g.steps and whole > _whole(b.Q) else (_whole(b.Q), b.binding))
         per_partition[c.partition] = bounds
         modeled = None if state is None else int(state.received.max(initial=0))
-        candidates.append((c.partition, _whole(max(b.Q for b in bounds)), modeled))
+        candidates.append((c.partition, max(w for w, _ in bounds), modeled))
     in_order = sorted(chosen, key=max)            # the plan's groups run in this order
-    chosen_bounds = [per_partition[chosen][chosen.index(g)] for g in in_order]
+    chosen_words = [per_partition[chosen][chosen.index(g)][0] for g in in_order]
     words, partition = min((b, p) for p, b, _ in candidates)
-    binding = max(per_partition[partition], key=lambda b: b.Q).binding if words > 0 else "no positive bound"
-    return PlanBound(words, tuple(_whole(b.Q) for b in chosen_bounds), tuple(candidates), binding)
+    binding = max(per_partition[partition])[1] if words > 0 else "no positive bound"
+    return PlanBound(words, tuple(chosen_words), tuple(candidates), binding)
+
+
+#: What binds where a result kept whole on every rank gives the largest bound (see ``_whole_result_words``).
+WHOLE_RESULT = "the result whole on every rank"
+
+
+def _whole_result_words(d: Decomposition, nprocs: int, finish: Layout | None) -> int:
+    """Words some rank receives when the result ends whole on every rank: the rank computing fewest
+    of the last group's iterations (at most 1/P of them) completes at most ``|out| // P`` elements
+    and needs a word from elsewhere for each other one (every iteration computed once); else 0.
+
+    >>> from deinsum.decompose import decompose
+    >>> d = decompose("ij,jk->ik", (4, 5), (5, 6))
+    >>> _whole_result_words(d, 4, Layout.replicated((4, 6), 4)), _whole_result_words(d, 4, None)
+    (18, 0)
+    """
+    if finish is None or finish != Layout.replicated(finish.shape, nprocs) or 0 in d.sizes.values():
+        return 0
+    words = math.prod(finish.shape)
+    return words - words // nprocs
 
 
 def _whole(words: float) -> int:

@@ -12,7 +12,7 @@ import pytest
 from deinsum.decompose import decompose
 from deinsum.errors import DeinsumError
 from deinsum.layout import Layout
-from deinsum.plan import build_plan
+from deinsum.plan import WHOLE_RESULT, build_plan
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
 
@@ -121,6 +121,15 @@ def test_bound_holds_wherever_inputs_start_and_the_result_ends(eq, shapes, nproc
     """A global input is whole on every rank: a plan that moves nothing has bound 0 (it printed 1,596
     words for this 64^3 matrix product on 2 ranks, a plan that received none)."""
     check_bound(eq, shapes, nprocs, inputs, result)
+
+
+def test_a_result_whole_on_every_rank_bounds_the_busiest_rank():
+    """The rank that computes fewest iterations completes at most |out| / P result elements and receives a
+    word for each other one: order-5 MTTKRP on 2 ranks, result on every rank, receives exactly that."""
+    plan = build_plan(decompose("ijklm,ja,ka,la,ma->ia", (24,) * 5, *[(24, 24)] * 4), 2, inputs="global", result="all")
+    assert plan.bound.words == plan.bound.chosen_words == 24 * 24 // 2 == busiest(plan)
+    assert plan.bound.binding == WHOLE_RESULT and "1.000x" in str(plan)
+    assert build_plan(decompose("ij,jk->ik", (4, 5), (5, 6)), 3, inputs="global", result="root").bound.words == 0
 
 
 @pytest.mark.slow
