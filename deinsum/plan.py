@@ -81,8 +81,9 @@ class PlanBound:
     ``words``: the least any plan deinsum can make for this einsum and start
     receives on its busiest rank (the smallest over fusion candidates of the
     largest group bound); ``per_group``: the bound of each group of the chosen
-    plan, as one fused statement; ``candidates``: ``(partition, bound,
-    modeled words or None)`` of every fusion candidate.
+    plan, as one fused statement (the last group's at least what a result kept
+    whole on every rank costs); ``candidates``: ``(partition, bound, modeled
+    words or None)`` of every fusion candidate.
     """
 
     words: float
@@ -131,11 +132,21 @@ class Plan:
         return sum((m.words_received for m in self.moves), np.zeros(self.nprocs, dtype=np.int64)) * self.dtype.itemsize
 
     @property
-    def data_share(self) -> int:
-        """Words of the inputs and result per rank when spread evenly: the least memory any plan needs."""
+    def fixed_layouts(self) -> dict[str, Layout]:
+        """The layouts the caller fixed, by tensor name: inputs that start global, on rank 0 or pinned; a
+        result that ends whole on every rank, on rank 0 or pinned (the planner places the others)."""
         d = self.decomposition
-        tensors = [*d.input_subscripts, d.output]
-        return sum(-(-math.prod(d.sizes[c] for c in t) // self.nprocs) for t in tensors)
+        fixed = {n: s for n, s in zip(d.input_names, self.entry) if self.inputs != "local" or n in self.pinned}
+        return {**fixed, "out": self.exit} if self.result != "distributed" or "out" in self.pinned else fixed
+
+    @property
+    def data_share(self) -> int:
+        """Words of the inputs and result a rank holds at the start or end: the largest block of a fixed
+        layout (a global input whole), else an even share: the least memory any plan from this start needs."""
+        d, fixed = self.decomposition, self.fixed_layouts
+        tensors = {**dict(zip(d.input_names, d.input_subscripts)), "out": d.output}
+        return sum(fixed[n].largest_block() if n in fixed else -(-math.prod(d.sizes[c] for c in t) // self.nprocs)
+                   for n, t in tensors.items())
 
     @property
     def feasible(self) -> bool:
@@ -577,16 +588,16 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
                 tuple(entry[n] for n in d.input_names), entry["out"], schedule, tuple(sorted(pins)))
     states = {partition: state for _, partition, state in scored}
     states[scored[0][1]] = best
-    fixed = {**{n: s for n, s in starts.items() if s is not None}, **({"out": finish} if finish else {})}
-    return replace(plan, bound=_plan_bound(plan, analysis, states, scored[0][1], fixed))
+    return replace(plan, bound=_plan_bound(plan, analysis, states, scored[0][1]))
 
 
-def _plan_bound(plan: Plan, analysis, scored: dict, chosen, fixed: Mapping[str, Layout]) -> PlanBound:
+def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
     """The lower bound for this einsum and start: the least, over fusion candidates, of the largest
     per-rank bound of a group; in each candidate a rank owns at most the largest block that the
-    caller's ``fixed`` layouts (inputs' starts, the result's end: a global input is whole on every
-    rank), the candidate's plan, or else an even layout give it."""
-    d, nprocs = plan.decomposition, plan.nprocs
+    plan's fixed layouts (a global input is whole on every rank), the candidate's plan, or else an
+    even layout give it. The segment (memory-dependent) bound counts only where the data a rank
+    holds at the start and end fits its memory (``Plan.feasible``)."""
+    d, nprocs, fixed = plan.decomposition, plan.nprocs, plan.fixed_layouts
     candidates, per_partition = [], {}
     whole, last = _whole_result_words(d, nprocs, fixed.get("out")), len(d.steps) - 1
     for c in analysis.candidates:
@@ -604,14 +615,15 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen, fixed: Mapping[str, 
         bounds = []   # (words, what binds) of each group; the last group's result may have to end whole
         for g in c.groups:
             b = parallel_bound(g.statement, d.sizes, nprocs, plan.memory, owned)
-            bounds.append((whole, WHOLE_RESULT) if last in g.steps and whole > _whole(b.Q) else (_whole(b.Q), b.binding))
+            words, binding = (_whole(b.Q), b.binding) if plan.feasible else (_whole(b.Q_indep), "memory-independent")
+            bounds.append((whole, WHOLE_RESULT) if last in g.steps and whole > words else (words, binding))
         per_partition[c.partition] = bounds
         modeled = None if state is None else int(state.received.max(initial=0))
         candidates.append((c.partition, max(w for w, _ in bounds), modeled))
     in_order = sorted(chosen, key=max)            # the plan's groups run in this order
     chosen_words = [per_partition[chosen][chosen.index(g)][0] for g in in_order]
     words, partition = min((b, p) for p, b, _ in candidates)
-    binding = max(per_partition[partition])[1] if words > 0 else "no positive bound"
+    binding = max(per_partition[partition], key=lambda wb: wb[0])[1] if words > 0 else "no positive bound"
     return PlanBound(words, tuple(chosen_words), tuple(candidates), binding)
 
 

@@ -184,3 +184,12 @@ def test_small_suite_plans_fit_every_p(name):
         plan = build_plan(decompose(eq, *shapes_for(eq, sizes)), nprocs, inputs="local", result="distributed")
         assert all(g.grid.used <= nprocs for g in plan.groups)
         assert plan.bound.words <= busiest(plan)
+
+
+def test_global_inputs_over_the_memory_make_the_plan_infeasible_and_drop_the_segment_bound():
+    """A rank holding whole global inputs beyond its memory breaks the segment argument's premise: the plan
+    says INFEASIBLE and its bound is the memory-independent one (717 words here, before, for a plan
+    that received none)."""
+    plan = build_plan(decompose("ij,jk->ik", (128, 128), (128, 128)), 64, memory=800, inputs="global")
+    assert not plan.feasible and plan.data_share == 2 * 128 * 128 + 128 * 128 // 64
+    assert plan.bound.words <= busiest(plan) == 0 and "INFEASIBLE" in str(plan)

@@ -41,28 +41,35 @@ SOAP I/O lower bound of ijk,ja,ka->ia
   schedule: [t0+out]   Q >= 3*N_a*N_i*N_j*N_k/S**(2/3)
 ...
 """
+import importlib
+import sys
+
 from .fusion import DEFAULT_S, Analysis, Candidate, GroupBound, analyze, partitions, sdg, valid_groups
 from .numeric import NumericBound, numeric_bound, numeric_chi
 from .parallel import LAYOUT, ParallelBound, parallel_bound
 from .statement import Statement, size_symbol
 
 
+#: Names of the closed forms, made on first use (SymPy: planning with sizes never loads it), by module.
+_LAZY = {"P": "statement", "S": "statement", "X": "statement", "SymbolicBound": "symbolic", "symbolic_bound": "symbolic"}
+
+
 def __getattr__(name: str):
-    """The closed forms' names (SymPy, loaded on first use: planning with sizes never needs it)."""
-    if name in ("P", "S", "X"):
-        from . import statement
-        return getattr(statement, name)
-    if name in ("SymbolicBound", "symbolic_bound"):
-        from . import symbolic
-        return getattr(symbolic, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def clear_caches() -> None:
     """Forget every cached statement structure, closed form and numeric problem (for cold timings)."""
-    from . import fusion, numeric, statement, symbolic
-    for f in (statement.structure, numeric._problem, numeric._rho, numeric.tile_for, symbolic._bound, symbolic._solve,
-              fusion._reference_cost):
+    from . import fusion, numeric, statement
+    caches = [statement.structure, numeric._problem, numeric._rho, numeric.tile_for, fusion._reference_cost]
+    symbolic = sys.modules.get(f"{__name__}.symbolic")          # not loaded: nothing of it to forget
+    for f in caches + ([symbolic._bound, symbolic._solve] if symbolic else []):
         f.cache_clear()
 
 

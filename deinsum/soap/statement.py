@@ -16,11 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from math import prod
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import DeinsumError
+
+if TYPE_CHECKING:   # SymPy loads on first use (see __getattr__)
+    import sympy as sp
 
 
 def __getattr__(name: str):
@@ -33,7 +36,7 @@ def __getattr__(name: str):
     return symbol
 
 
-def size_symbol(index: str):
+def size_symbol(index: str) -> sp.Symbol:
     """The size symbol ``N_<index>`` (a positive SymPy symbol)."""
     import sympy as sp
     return sp.Symbol(f"N_{index}", positive=True)
