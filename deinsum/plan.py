@@ -597,7 +597,7 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
     plan's fixed layouts (a global input is whole on every rank), the candidate's plan, or else an
     even layout give it. The segment (memory-dependent) bound counts only where the data a rank
     holds at the start and end fits its memory (``Plan.feasible``)."""
-    d, nprocs, fixed = plan.decomposition, plan.nprocs, plan.fixed_layouts
+    d, nprocs, fixed, feasible = plan.decomposition, plan.nprocs, plan.fixed_layouts, plan.feasible
     candidates, per_partition = [], {}
     whole, last = _whole_result_words(d, nprocs, fixed.get("out")), len(d.steps) - 1
     for c in analysis.candidates:
@@ -615,7 +615,7 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
         bounds = []   # (words, what binds) of each group; the last group's result may have to end whole
         for g in c.groups:
             b = parallel_bound(g.statement, d.sizes, nprocs, plan.memory, owned)
-            words, binding = (_whole(b.Q), b.binding) if plan.feasible else (_whole(b.Q_indep), "memory-independent")
+            words, binding = (_whole(b.Q), b.binding) if feasible else (_whole(b.Q_indep), "memory-independent")
             bounds.append((whole, WHOLE_RESULT) if last in g.steps and whole > words else (words, binding))
         per_partition[c.partition] = bounds
         modeled = None if state is None else int(state.received.max(initial=0))
@@ -641,7 +641,7 @@ def _whole_result_words(d: Decomposition, nprocs: int, finish: Layout | None) ->
     >>> _whole_result_words(d, 4, Layout.replicated((4, 6), 4)), _whole_result_words(d, 4, None)
     (18, 0)
     """
-    if finish is None or finish != Layout.replicated(finish.shape, nprocs) or 0 in d.sizes.values():
+    if finish is None or finish.n_replicas != nprocs or 0 in d.sizes.values():     # n_replicas: a copy per rank
         return 0
     words = math.prod(finish.shape)
     return words - words // nprocs
