@@ -232,8 +232,8 @@ _ELEM = 1.2e-9        # per element of an elementwise pass (Khatri-Rao, Hadamard
 #: middle ones (its other speeds, 0.1, are set: never the pick).
 _MTTKRP_FIT = {False: (4.0, 6.0, 24.0, 0.5, 0.5, 0.5, 0.7, 1.0, 1.0),
                True: (16.0, 64.0, 8.0, 3.0, 0.1, 0.1, 0.1, 3.0, 0.1)}
-#: Float64 words in one core's L2 cache here (2 MiB; for float32 blocks the MKL model errs by 2x).
-_L2 = 1 << 18
+#: Bytes in one core's L2 cache here (2 MiB).
+_L2_BYTES = 2 << 20
 #: Elements of X per slab of a TTM chain run slab by slab (a few MiB: intermediates stay in cache).
 _SLAB = 1 << 20
 #: Temporaries up to this many elements are always allowed (beyond it: half of inputs plus output).
@@ -346,7 +346,7 @@ def group_strategy(inputs, output, shapes, dtype=np.float64, device=False):
     'narrow GEMMs in pieces of <= 1e6 multiply-adds (float)'
     """
     return _strategy(tuple(inputs), output, tuple(tuple(int(n) for n in s) for s in shapes),
-                     np.dtype(dtype) in _GEMM and not device)[1]
+                     np.dtype(dtype) in _GEMM and not device, np.dtype(dtype).itemsize)[1]
 
 
 def contract_group(inputs, output, *blocks):
@@ -372,14 +372,15 @@ def contract_group(inputs, output, *blocks):
                 b, s = b.transpose(perm), "".join(s[d] for d in perm)
         blocks[n] = b
         subs.append(s)
-    kind, _, params = _strategy(tuple(subs), output, tuple(b.shape for b in blocks), dtype in _GEMM and xp is np)
+    kind, _, params = _strategy(tuple(subs), output, tuple(b.shape for b in blocks), dtype in _GEMM and xp is np,
+                                dtype.itemsize)
     return _RUN[kind](subs, output, blocks, dtype, params)
 
 
 @lru_cache(maxsize=256)
-def _strategy(subs, out, shapes, mkl):
-    """(kind, name, params) for ``contract_group``; pure function of subscripts, shapes and whether MKL
-    can run the GEMMs (float32/64 on the CPU, where installed)."""
+def _strategy(subs, out, shapes, mkl, itemsize=8):
+    """(kind, name, params) for ``contract_group``; pure function of subscripts, shapes, whether MKL
+    can run the GEMMs (float32/64 on the CPU, where installed) and the bytes per element."""
     sizes = {}
     for s, shape in zip(subs, shapes):
         if len(s) != len(shape):
@@ -389,7 +390,7 @@ def _strategy(subs, out, shapes, mkl):
                 return "einsum", "einsum (broadcast sizes)", None
     if 0 in sizes.values():
         return "zeros", "zeros (an empty block)", tuple(sizes[c] for c in out)
-    found = _mttkrp_strategy(subs, out, sizes, mkl) or _ttm_strategy(subs, out, sizes)
+    found = _mttkrp_strategy(subs, out, sizes, mkl, itemsize) or _ttm_strategy(subs, out, sizes)
     if found is not None:
         return found
     return _pairwise_strategy(subs, out, sizes)
@@ -398,7 +399,7 @@ def _strategy(subs, out, shapes, mkl):
 # ---------------------------------------------------------------------------------------------
 # MTTKRP: out[free..., r] = sum over the factored modes of X[...] * prod_q F_q[n_q, r]
 # ---------------------------------------------------------------------------------------------
-def _mttkrp_strategy(subs, out, sizes, mkl):
+def _mttkrp_strategy(subs, out, sizes, mkl, itemsize):
     """Full or partial MTTKRP (several free modes; X may already hold r: then a Hadamard-sum)."""
     big = [n for n, s in enumerate(subs) if len(s) >= 3]
     if len(subs) < 3 or len(big) != 1 or len(set(subs[big[0]])) != len(subs[big[0]]):
@@ -435,7 +436,7 @@ def _mttkrp_strategy(subs, out, sizes, mkl):
         else:
             shape = (block, k, b, a * chunks) if orient == "cols" else (b, k, block, a * chunks)
         where = 0 if e == len(sx) else 1 if s > 0 else 2     # the run of modes: trailing, middle, leading
-        if on_mkl and orient == "cols" and where == 1 and k * b > _L2:
+        if on_mkl and orient == "cols" and where == 1 and k * b * itemsize > _L2_BYTES:
             where = 2   # MKL's batched KR^T X runs as fast as over middle modes only while a slab of X fits in L2
         fit = _MTTKRP_FIT[on_mkl]
         gemm = _gemm_seconds(*shape, short=fit[:3]) / fit[3 + 3 * (orient == "cols") + where]
