@@ -378,6 +378,16 @@ class Layout:
         """Words in the largest block (the block of rank 0 under balanced splits)."""
         return math.prod(int(np.diff(self.axis_bounds(x)).max(initial=0)) for x in range(len(self.shape)))
 
+    def smallest_block(self, nprocs: int) -> int:
+        """Words in the smallest block any of ``nprocs`` ranks holds: 0 where some rank holds nothing.
+
+        >>> Layout((5, 7), grid=(2, 3), axes=(0, None)).smallest_block(6), Layout.on_root((5, 7), 2).smallest_block(2)
+        (14, 0)
+        """
+        if self.nranks < nprocs:
+            return 0
+        return math.prod(int(np.diff(self.axis_bounds(x)).min()) for x in range(len(self.shape)))
+
     def spec(self) -> str:
         """The short ``PartitionSpec``-like text that pinned layouts accept: grid extents, then per tensor
         axis the grid dimension(s) splitting it (``-`` none, ``1.0`` dims 1 then 0 nested).

@@ -81,8 +81,8 @@ class PlanBound:
     ``words``: the least any plan deinsum can make for this einsum and start
     receives on its busiest rank (the smallest over fusion candidates of the
     largest group bound); ``per_group``: the bound of each group of the chosen
-    plan, as one fused statement (the last group's at least what a result kept
-    whole on every rank costs); ``candidates``: ``(partition, bound, modeled
+    plan, as one fused statement (the last group's at least what the copies of
+    a replicated result cost); ``candidates``: ``(partition, bound, modeled
     words or None)`` of every fusion candidate.
     """
 
@@ -599,7 +599,7 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
     holds at the start and end fits its memory (``Plan.feasible``)."""
     d, nprocs, fixed, feasible = plan.decomposition, plan.nprocs, plan.fixed_layouts, plan.feasible
     candidates, per_partition = [], {}
-    whole, last = _whole_result_words(d, nprocs, fixed.get("out")), len(d.steps) - 1
+    copies, last = _result_copies_words(d, nprocs, fixed.get("out")), len(d.steps) - 1
     for c in analysis.candidates:
         owned: dict[str, int] = {}
         layouts = list(fixed.items())
@@ -616,7 +616,7 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
         for g in c.groups:
             b = parallel_bound(g.statement, d.sizes, nprocs, plan.memory, owned)
             words, binding = (_whole(b.Q), b.binding) if feasible else (_whole(b.Q_indep), "memory-independent")
-            bounds.append((whole, WHOLE_RESULT) if last in g.steps and whole > words else (words, binding))
+            bounds.append((copies, RESULT_COPIES) if last in g.steps and copies > words else (words, binding))
         per_partition[c.partition] = bounds
         modeled = None if state is None else int(state.received.max(initial=0))
         candidates.append((c.partition, max(w for w, _ in bounds), modeled))
@@ -627,24 +627,27 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
     return PlanBound(words, tuple(chosen_words), tuple(candidates), binding)
 
 
-#: What binds where a result kept whole on every rank gives the largest bound (see ``_whole_result_words``).
-WHOLE_RESULT = "the result whole on every rank"
+#: What binds where the copies of a replicated result give the largest bound (see ``_result_copies_words``).
+RESULT_COPIES = "the result's copies (replicated blocks)"
 
 
-def _whole_result_words(d: Decomposition, nprocs: int, finish: Layout | None) -> int:
-    """Words some rank receives when the result ends whole on every rank: the rank computing fewest
-    of the last group's iterations (at most 1/P of them) completes at most ``|out| // P`` elements
-    and needs a word from elsewhere for each other one (every iteration computed once); else 0.
+def _result_copies_words(d: Decomposition, nprocs: int, finish: Layout | None) -> int:
+    """Words some rank receives when the result ends in a fixed layout that gives every rank a block
+    of complete values: the rank computing fewest of the last group's iterations (at most 1/P of them)
+    completes at most ``|out| // P`` elements and needs a word from elsewhere for each other element of
+    its block (every iteration runs once), so at least the smallest block less ``|out| // P``; 0 where
+    that is not positive (no copies) or some rank holds nothing.
 
     >>> from deinsum.decompose import decompose
     >>> d = decompose("ij,jk->ik", (4, 5), (5, 6))
-    >>> _whole_result_words(d, 4, Layout.replicated((4, 6), 4)), _whole_result_words(d, 4, None)
+    >>> _result_copies_words(d, 4, Layout.replicated((4, 6), 4)), _result_copies_words(d, 4, None)
     (18, 0)
+    >>> _result_copies_words(d, 4, Layout((4, 6), (2, 2), (0, None)))   # rows split in 2, 2 copies each
+    6
     """
-    if finish is None or finish.n_replicas != nprocs or 0 in d.sizes.values():     # n_replicas: a copy per rank
+    if finish is None or finish.n_summands > 1 or 0 in d.sizes.values():
         return 0
-    words = math.prod(finish.shape)
-    return words - words // nprocs
+    return max(0, finish.smallest_block(nprocs) - math.prod(finish.shape) // nprocs)
 
 
 def _whole(words: float) -> int:

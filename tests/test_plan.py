@@ -12,7 +12,7 @@ import pytest
 from deinsum.decompose import decompose
 from deinsum.errors import DeinsumError
 from deinsum.layout import Layout
-from deinsum.plan import WHOLE_RESULT, build_plan
+from deinsum.plan import RESULT_COPIES, build_plan
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
 
@@ -100,9 +100,9 @@ def bound_cases(count, seed):
     return [(eq, shapes, int(rng.integers(1, 4097))) for eq, shapes in cases[:count]]
 
 
-def check_bound(eq, shapes, nprocs, inputs="local", result="distributed"):
+def check_bound(eq, shapes, nprocs, inputs="local", result="distributed", layouts=None):
     d = decompose(eq, *shapes)
-    plan = build_plan(d, nprocs, inputs=inputs, result=result)
+    plan = build_plan(d, nprocs, inputs=inputs, result=result, layouts=layouts)
     for partition, bound, words in plan.bound.candidates:
         assert words is None or bound <= words, (eq, shapes, nprocs, partition, bound, words)
     assert plan.bound.words <= busiest(plan), (eq, shapes, nprocs)
@@ -128,8 +128,22 @@ def test_a_result_whole_on_every_rank_bounds_the_busiest_rank():
     word for each other one: order-5 MTTKRP on 2 ranks, result on every rank, receives exactly that."""
     plan = build_plan(decompose("ijklm,ja,ka,la,ma->ia", (24,) * 5, *[(24, 24)] * 4), 2, inputs="global", result="all")
     assert plan.bound.words == plan.bound.chosen_words == 24 * 24 // 2 == busiest(plan)
-    assert plan.bound.binding == WHOLE_RESULT and "1.000x" in str(plan)
+    assert plan.bound.binding == RESULT_COPIES and "1.000x" in str(plan)
     assert build_plan(decompose("ij,jk->ik", (4, 5), (5, 6)), 3, inputs="global", result="root").bound.words == 0
+
+
+@pytest.mark.parametrize("eq, shapes, nprocs", [c for c in bound_cases(12, seed=14) if decompose(c[0], *c[1]).output])
+def test_a_result_pinned_with_copies_bounds_the_busiest_rank(eq, shapes, nprocs):
+    """A result pinned with its first axis split in two and each half copied on half the ranks: the rank
+    computing fewest iterations completes at most |out| / P elements of its half."""
+    d = decompose(eq, *shapes)
+    out = tuple(d.sizes[c] for c in d.output)
+    pinned = Layout(out, (2, nprocs // 2), (0,) + (None,) * (len(out) - 1)) if nprocs % 2 == 0 else \
+        Layout.replicated(out, nprocs)
+    copies = pinned.smallest_block(nprocs) - math.prod(out) // nprocs
+    plan = build_plan(d, nprocs, layouts={"out": pinned})
+    assert plan.bound.words >= copies and plan.bound.per_group[-1] >= copies
+    check_bound(eq, shapes, nprocs, layouts={"out": pinned})
 
 
 @pytest.mark.slow
