@@ -188,6 +188,38 @@ def test_mkl_runs_the_gemms_it_can_read_in_place(monkeypatch):
     assert "(MKL)" not in group_strategy(subs, out, shapes, device=True)
 
 
+def test_streaming_kernels_equal_numpy_and_take_only_what_they_can_read(monkeypatch):
+    """deinsum's streaming GEMMs (float64, AVX-512): rows (X @ W, W at most 32 columns) and cols (A @ X, X
+    blocks at most 32 x 32) equal ``@`` for every tail of their register tiles, strided rows and
+    batches; other layouts, wider sides and other dtypes go to BLAS."""
+    if K._STREAM is None:
+        pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
+    calls = []
+    monkeypatch.setattr(K, "_STREAM", tuple((lambda f, kind: lambda *args: calls.append(kind) or f(*args))(f, kind)
+                                            for f, kind in zip(K._STREAM, ("rows", "cols"))))
+    monkeypatch.setattr(K, "_STREAM_WORK", 0)
+    rng = np.random.default_rng(0)
+    mats = lambda *shape: rng.standard_normal(shape)
+    cases = [(mats(*b, m, k), mats(k, n), "rows") for b, m, k, n in itertools.product(
+        [(), (3,)], [1, 7, 8, 9, 13], [1, 5, 600], [1, 7, 8, 9, 24, 25, 32])]
+    cases += [(mats(m, k), mats(*b, k, n), "cols") for b, m, k, n in itertools.product(
+        [(), (2,)], [1, 7, 8, 9, 24, 32], [1, 30], [1, 7, 8, 17, 24, 31])]
+    wide = mats(2, 9, 40)
+    cases += [(wide[:, :, 3:33], mats(30, 5), "rows"), (wide[:, ::2, :30], mats(30, 5), "rows"),
+              (mats(4, 5), wide[:, :5, 2:30], "cols"), (wide.transpose(0, 2, 1)[:, 3:], mats(9, 3), None),
+              (mats(50, 30), mats(30, 40)[:, 3:10], "rows"), (mats(50, 30), mats(5, 30).T, "rows")]
+    cases += [(mats(50, 30), mats(30, 33), None), (mats(30, 50).T, mats(30, 4), None), (mats(2, 5, 6), mats(2, 6, 3), None),
+              (mats(40, 6), mats(6, 40), None), (mats(50, 30).astype(np.float32), mats(30, 4).astype(np.float32), None)]
+    for a, b, kind in cases:
+        if kind and a.ndim == b.ndim == 2:     # two matrices: the larger one streams
+            kind = "rows" if a.shape[0] >= b.shape[1] else "cols"
+        before = len(calls)
+        res = K._matmul(a, b)
+        assert res.shape == (a @ b).shape and res.dtype == (a @ b).dtype
+        np.testing.assert_allclose(res, a @ b, rtol=1e-5, atol=1e-9)
+        assert calls[before:] == ([kind] if kind else []), (a.shape, a.strides, b.shape, b.strides, kind)
+
+
 def test_mkl_runs_float_gemms_when_installed():
     """With the `fast` extra's mkl wheel, MKL runs float32/64 GEMMs and threadpoolctl limits its threads."""
     if not glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")) or os.environ.get("DEINSUM_GEMM") == "numpy":
