@@ -58,9 +58,26 @@ PARTIAL = {  # the groups the planner makes of MTTKRP-O5 (partial MTTKRP, then a
 }
 
 
+@pytest.fixture(params=["blas", "streamed"])
+def gemms(request, monkeypatch):
+    """Every GEMM on BLAS (these sizes are below the streaming kernels' threshold), or every float64 GEMM
+    the streaming kernels can read on them (threshold 0); yields the kernels' calls: (kind, fused)."""
+    calls = []
+    if request.param == "streamed":
+        if K._STREAM is None:
+            pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
+        monkeypatch.setattr(K, "_STREAM", tuple(
+            (lambda f, kind: lambda *args: calls.append((kind, args[-1] is not None)) or f(*args))(f, kind)
+            for f, kind in zip(K._STREAM, ("rows", "cols"))))
+        monkeypatch.setattr(K, "_STREAM_WORK", 0)
+    K._strategy.cache_clear()       # strategy names say which GEMMs stream
+    yield calls
+    K._strategy.cache_clear()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", list(MTTKRP) + list(PARTIAL))
-def test_mttkrp_every_variant_equals_numpy(name, dtype):
+def test_mttkrp_every_variant_equals_numpy(name, dtype, gemms):
     eq, sizes = MTTKRP.get(name) or PARTIAL[name]
     subs, out = split(eq)
     ops = operands(eq, sizes, dtype)
@@ -77,6 +94,10 @@ def test_mttkrp_every_variant_equals_numpy(name, dtype):
     for (s, e, orient), mkl in itertools.product(variants, (False, True)):   # (MKL where installed)
         for block in (3, 2, 1):                       # all rank columns at once, uneven and single blocks
             check(eq, ops, K._run_mttkrp(subs, out, ops, np.dtype(dtype), (x, r, (s, e, orient, block, mkl))))
+    fused = {kind for kind, weighted in gemms if weighted}   # GEMM and Hadamard-sum in one pass
+    expected = {"O3-M1": {"rows"}, "O3-M2": {"cols"}, "O5-M1": {"rows"}, "O5-M2": {"rows"}, "O5-M3": {"rows"},
+                "O5-M4": {"cols"}}.get(name, set())
+    assert fused == (expected if dtype == np.float64 and K._STREAM_WORK == 0 else set()), (name, gemms)
 
 
 @pytest.mark.parametrize("eq", ["kji,ia,ka->ja", "ijk,ai,ja->ak", "ijkl,la,ia,ja->ak", "abc,ax,cx->xb"])

@@ -117,8 +117,8 @@ def _stream_kernels():
         lib = ctypes.CDLL(libs[0])
         if not lib.stream_supported():
             return None
-        lib.stream_rows.argtypes = [i] * 4 + [p, i, i, p, i, p, i, i]
-        lib.stream_cols.argtypes = [i] * 4 + [p, p, i, i, p, i, i]
+        lib.stream_rows.argtypes = [i] * 4 + [p, i, i, p, i, p, i, i, p]
+        lib.stream_cols.argtypes = [i] * 4 + [p, p, i, i, p, i, i, p]
     except (OSError, AttributeError):   # pragma: no cover - a broken build
         return None
     return lib.stream_rows, lib.stream_cols
@@ -350,14 +350,15 @@ def _streamed(a, b, batch):
             w = b if b.strides[-1] == 8 and b.strides[0] % 8 == 0 and b.strides[0] >= 8 * n else np.ascontiguousarray(b)
             res = np.empty(batch + (m, n))
             rows(_prod(batch), m, n, k, a.ctypes.data, view[1], view[2], w.ctypes.data, w.strides[0] // 8,
-                 res.ctypes.data, n, m * n)
+                 res.ctypes.data, n, m * n, None)
             return res
     if kind == "cols":
         view = _cblas_view(np.broadcast_to(b, batch + (k, n)))
         if view is not None and view[0] == 111:
             at = np.ascontiguousarray(a.T)
             res = np.empty(batch + (m, n))
-            cols(_prod(batch), m, n, k, at.ctypes.data, b.ctypes.data, view[1], view[2], res.ctypes.data, n, m * n)
+            cols(_prod(batch), m, n, k, at.ctypes.data, b.ctypes.data, view[1], view[2], res.ctypes.data, n, m * n,
+                 None)
             return res
     return None
 
@@ -597,9 +598,14 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
     res_axes = sorted(out_axes)                                    # free axes in X's order, then r
     xp = array_module(xb)
     res = None if block == nr and not rest else xp.empty([dims[q] if q < n else nr for q in res_axes], dtype)
+    fused = _fused_hadamard(xb, s, e, orient, rest, block)
     for r0 in range(0, nr, block):
         cols = slice(r0, min(nr, r0 + block))
         kr = _khatri_rao([factors[q][:, cols] for q in range(s, e)])
+        if fused:
+            h = _khatri_rao([factors[q][:, cols] for q in rest])
+            res[..., cols] = fused(np.ascontiguousarray(kr), np.ascontiguousarray(h)).reshape(res[..., cols].shape)
+            continue
         if orient == "rows":
             t = _matmul(xb.reshape(a, k) if e == n else xb.reshape(a, k, b).transpose(0, 2, 1), kr, mkl)
         elif s == 0:
@@ -622,6 +628,45 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
             res[..., cols] = xp.einsum(t, t_axes, res_axes)
         del kr, t  # before the next block's Khatri-Rao product
     return res.transpose([res_axes.index(q) for q in out_axes])
+
+
+def _fused_hadamard(xb, s, e, orient, rest, block):
+    """The GEMM and the Hadamard-sum in one pass of the streaming kernels, where the Hadamard-summed
+    modes lead X and the free ones sit next to the GEMM's: a function of (KR, H) giving the result
+    (free modes x rank block, in X's order); else None. T = X times KR is never stored.
+
+    * X^T KR over trailing modes: X as (G, F, K): out (F, r) = sum_g (X[g] @ KR) * H[g];
+    * KR^T X over middle modes: X as (G, K, F): out (r, F) = sum_g H[g] * (KR^T @ X[g]), returned as (F, r).
+    """
+    n, dims = xb.ndim, xb.shape
+    if not rest or rest != list(range(len(rest))) or not xb.flags.c_contiguous or xb.dtype != np.float64:
+        return None
+    g, k = _prod(dims[:len(rest)]), _prod(dims[s:e])
+    rows, cols = _STREAM or (None, None)
+    if orient == "rows" and e == n:
+        f = _prod(dims[len(rest):s])
+        if _stream_kind(g, f, k, block, True, False) != "rows":
+            return None
+
+        def run(kr, h):
+            out = np.zeros((f, kr.shape[1]))
+            if rows(g, f, kr.shape[1], k, xb.ctypes.data, k, f * k, kr.ctypes.data, kr.shape[1], out.ctypes.data,
+                    kr.shape[1], 0, h.ctypes.data):
+                raise MemoryError(f"the streaming kernel's scratch block of {f} x {kr.shape[1]} words")
+            return out
+        return run
+    if orient == "cols" and s == len(rest) and e < n:
+        f = _prod(dims[e:])
+        if _stream_kind(g, block, k, f, False, True) != "cols":
+            return None
+
+        def run(kr, h):
+            out = np.zeros((kr.shape[1], f))
+            cols(g, kr.shape[1], f, k, kr.ctypes.data, xb.ctypes.data, f, k * f, out.ctypes.data, f, 0,
+                 h.ctypes.data)
+            return out.T
+        return run
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
