@@ -33,9 +33,11 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
     pins the layout of inputs (``"in0"`` or ``0``, ...) or of a distributed result
     (``"out"``): a :class:`~deinsum.layout.Layout`, ``"even"``, ``"replicated"``, ``"root"`` or
     text like ``"2x2: 0, 1"`` (see :mod:`deinsum.darray`); the plan is built
-    around them. Unpinned ``'local'`` inputs and a ``'distributed'`` result get the
-    layouts the planner chooses (see ``Program.input_blocks``). Use the program
-    as a context manager (or call ``close()``) to free its MPI objects. ``dtype``
+    around them: ``'local'`` inputs start in their pinned layouts, ``'global'`` and
+    ``'root'`` ones are distributed into them first. Unpinned ``'local'`` inputs
+    and a ``'distributed'`` result get the layouts the planner chooses (see
+    ``Program.input_blocks``). Use the program as a context manager (or call
+    ``close()``) to free its MPI objects. ``dtype``
     and ``casting`` follow ``numpy.einsum``: inputs are cast to ``dtype`` (default:
     their result type) only where numpy's ``casting`` rule allows it. A run refuses
     a plan whose peak footprint per rank exceeds ``memory`` elements (default: the

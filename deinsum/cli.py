@@ -149,9 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--result", choices=RESULTS, default="all",
                        help="where the result ends: on every rank (all, default), on rank 0, or distributed")
         p.add_argument("--layout", action="append", default=[], metavar="TENSOR=LAYOUT",
-                       help="pin where an input (in0, in1, ... or 0, 1, ...) starts or a distributed result (out) "
-                            "ends: even, replicated, root or a grid spec like '2x2: 0, 1'; the plan is built "
-                            "around it (repeatable)")
+                       help="pin the layout an input (in0, in1, ... or 0, 1, ...) starts in (local) or is first "
+                            "distributed into (global, root), or a distributed result (out) ends in: even, "
+                            "replicated, root or a grid spec like '2x2: 0, 1'; the plan is built around it "
+                            "(repeatable)")
         if ranks_flag:
             p.add_argument(*ranks_flag, dest="nprocs", type=int, required=ranks_required, default=None,
                            help="number of MPI ranks")

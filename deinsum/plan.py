@@ -133,7 +133,7 @@ class Plan:
 
     @property
     def fixed_layouts(self) -> dict[str, Layout]:
-        """The layouts the caller fixed, by tensor name: inputs that start global, on rank 0 or pinned; a
+        """The layouts the caller fixed, by tensor name: inputs that start global, on rank 0 or pinned (local); a
         result that ends whole on every rank, on rank 0 or pinned (the planner places the others)."""
         d = self.decomposition
         fixed = {n: s for n, s in zip(d.input_names, self.entry) if self.inputs != "local" or n in self.pinned}
@@ -394,8 +394,9 @@ class _Planner:
     """Builds plans for one decomposition, P and start/end: the beam search over grids, and the
     assembly of the chosen plan with the exact model on every rank."""
 
-    def __init__(self, d: Decomposition, nprocs: int, starts: dict[str, Layout | None], finish: Layout | None):
-        self.d, self.nprocs, self.starts, self.finish = d, nprocs, starts, finish
+    def __init__(self, d: Decomposition, nprocs: int, starts: dict[str, Layout | None], first: dict[str, Layout],
+                 finish: Layout | None):
+        self.d, self.nprocs, self.starts, self.first, self.finish = d, nprocs, starts, first, finish
         self.sizes = dict(d.sizes)
         self.ranks = sample_ranks(nprocs, SEARCH_RANKS)
         self._words: dict = {}
@@ -414,12 +415,21 @@ class _Planner:
         """Where a tensor computed or read on a grid lives when nobody needs it replicated."""
         return Layout(layout.shape, layout.grid, layout.axes).spread()
 
+    def start(self, ranks: np.ndarray) -> _State:
+        """The plan before its first group: the inputs where they start, whole ones with a pinned layout
+        moved into it (``first``), modeled at ``ranks``."""
+        zero = np.zeros(ranks.size, dtype=np.int64)
+        layouts = {n: s for n, s in self.starts.items() if s is not None}
+        moves = tuple(Move(n, "distribute", layouts[n], pinned, self.nprocs) for n, pinned in self.first.items()
+                      if not _holds_blocks(layouts[n], pinned, self.nprocs, ranks))
+        received = sum((self.words(m.src, m.dst, ranks) for m in moves), zero)
+        return _State(received, zero, tuple((layouts | self.first).items()), (), tuple(("move", m) for m in moves))
+
     def search(self, partition: tuple[tuple[int, ...], ...]) -> _State:
         """The best plan of one partition: a beam over each group's most promising grids."""
         steps = self.d.steps
         groups = sorted(partition, key=max)      # a group runs once its last step can: topological order
-        zero = np.zeros(self.ranks.size, dtype=np.int64)
-        states = [_State(zero, zero, tuple((n, s) for n, s in self.starts.items() if s is not None), (), ())]
+        states = [self.start(self.ranks)]
         for number, members in enumerate(groups):
             group_steps = tuple(steps[k] for k in sorted(members))
             last = number == len(groups) - 1
@@ -491,8 +501,7 @@ class _Planner:
     def assemble(self, state: _State) -> _State:
         """The chosen plan again on every rank (exact model, exact no-move checks)."""
         ranks = np.arange(self.nprocs)
-        zero = np.zeros(self.nprocs, dtype=np.int64)
-        full = _State(zero, zero, tuple((n, s) for n, s in self.starts.items() if s is not None), (), ())
+        full = self.start(ranks)
         groups = [item for kind, item in state.items if kind == "compute"]
         for number, group in enumerate(groups):
             full = self.extend(full, number, group.steps, group.grid, ranks, number == len(groups) - 1)
@@ -522,7 +531,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     INPUT_MODES, RESULT_MODES); under ``"local"``/``"distributed"`` the planner
     chooses each tensor's even, non-replicated layout. ``layouts`` pins the
     layout of any input (``"in0"`` or ``0``, ...) or of a distributed result
-    (``"out"``): a :class:`Layout` or ``"even"``/``"replicated"``/``"root"``. Every fusion
+    (``"out"``): a :class:`Layout` or ``"even"``/``"replicated"``/``"root"``; a
+    local input starts in it, a global or root one is moved into it first. Every fusion
     candidate of the SOAP analysis (up to MAX_PARTITIONS) is planned and the one
     whose busiest rank receives least wins.
     """
@@ -547,14 +557,19 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     if d.prepass and (inputs == "local" or set(pins) & {s.operands[0] for s in d.prepass}):
         names_ = ", ".join(dict.fromkeys(s.operands[0] for s in d.prepass))
         raise DeinsumError(f"operand(s) {names_} need a unary pre-pass (diagonal, sum or broadcast): "
-                           f"pass global arrays (inputs='global' or 'root')")
+                           f"pass global arrays (inputs='global' or 'root'), their layouts not pinned")
     shape_of = lambda sub: tuple(d.sizes[c] for c in sub)  # noqa: E731
-    starts = {}
+    # where each input starts (local blocks pinned or placed by the planner, else whole arrays) and the pinned
+    # layouts whole arrays are distributed into first
+    starts, first = {}, {}
     for name, sub in zip(d.input_names, d.input_subscripts):
-        if name in pins:
-            starts[name] = pin_layout(pins[name], shape_of(sub), nprocs, name)
+        pinned = pin_layout(pins[name], shape_of(sub), nprocs, name) if name in pins else None
+        if inputs == "local":
+            starts[name] = pinned
         else:
-            starts[name] = None if inputs == "local" else mode_layout(inputs, shape_of(sub), nprocs)
+            starts[name] = mode_layout(inputs, shape_of(sub), nprocs)
+            if pinned is not None:
+                first[name] = pinned
     if result != "distributed":                     # a pinned result layout is where a distributed result ends
         pins.pop("out", None)
     finish = (pin_layout(pins["out"], shape_of(d.output), nprocs, "out") if "out" in pins
@@ -569,7 +584,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
         return Plan(d, nprocs, dtype, memory, inputs, result, analysis, (), (starts["in0"],), final, schedule,
                     tuple(sorted(pins)))
 
-    planner = _Planner(d, nprocs, starts, finish)
+    planner = _Planner(d, nprocs, starts, first, finish)
     scored = []
     for candidate in analysis.candidates[:MAX_PARTITIONS]:
         state = planner.search(candidate.partition)

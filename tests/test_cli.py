@@ -52,6 +52,19 @@ def test_emit_then_run(tmp_path):
     assert "validate: OK" in res.stdout and "measured bytes == model" in res.stdout
 
 
+@pytest.mark.parametrize("nprocs, inputs", [(2, "global"), (3, "root")])
+def test_pinned_input_is_planned_emitted_and_run(nprocs, inputs):
+    """``--layout 0=even`` with whole inputs: the plan shows the move into the pinned layout, the script runs it."""
+    args = ["ij,jk->ik", "--size", "i=64,j=64,k=64", "--nprocs", str(nprocs), "--inputs", inputs,
+            "--layout", "0=even"]
+    res = run("plan", *args)
+    assert res.returncode == 0 and "pinned: in0" in res.stdout, res.stderr
+    assert "in0: distribute (convert pinned layout)" in res.stdout
+    res = run("run", *args, "--validate", "--repeat", "1", "--timeout", "120")
+    assert res.returncode == 0, res.stderr
+    assert "validate: OK" in res.stdout and "measured bytes == model" in res.stdout
+
+
 @pytest.mark.parametrize("args,message", [
     (["plan", MTTKRP, "-P", "4"], "plan needs sizes"),
     (["plan", MTTKRP, "--size", "i=12,j=10,k=8", "-P", "4"], "no size given for index 'a'"),

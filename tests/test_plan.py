@@ -12,7 +12,7 @@ import pytest
 from deinsum.decompose import decompose
 from deinsum.errors import DeinsumError
 from deinsum.layout import Layout
-from deinsum.plan import RESULT_COPIES, build_plan
+from deinsum.plan import RESULT_COPIES, build_plan, mode_layout
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
 
@@ -166,6 +166,29 @@ def test_pinned_layouts_are_kept_and_their_conversion_reported():
         fair_plan(eq, sizes, 8, layouts={"in7": "even"})
     with pytest.raises(DeinsumError, match="is for shape"):
         fair_plan(eq, sizes, 8, layouts={0: Layout.even((4, 4), 8)})
+
+
+@pytest.mark.parametrize("inputs", ["global", "root"])
+@pytest.mark.parametrize("nprocs", [2, 3, 8])
+def test_pinned_global_or_root_inputs_start_whole_then_move_into_their_layout(inputs, nprocs):
+    """Whole inputs start where ``inputs`` says, pinned or not; the first move of a pinned one takes it into its
+    pinned layout (none where it already holds it), and the plan reads it from there."""
+    shapes = [(40, 30, 20), (30, 6), (20, 6)]
+    pins = {0: Layout.even(shapes[0], nprocs), 1: Layout.replicated(shapes[1], nprocs),
+            2: Layout.on_root(shapes[2], nprocs)}
+    plan = build_plan(decompose("ijk,ja,ka->ia", *shapes), nprocs, inputs=inputs, result="all", layouts=pins)
+    whole = [mode_layout(inputs, shape, nprocs) for shape in shapes]
+    assert plan.entry == tuple(whole) and plan.pinned == ("in0", "in1", "in2")
+    for n, pinned in pins.items():
+        moves = [m for m in plan.moves if m.tensor == f"in{n}"]
+        if pinned == whole[n]:
+            assert not moves or moves[0].src == pinned
+        else:
+            assert (moves[0].src, moves[0].dst) == (whole[n], pinned) and moves[0].group is None
+            assert len(moves) == 1 or moves[1].src == pinned
+    assert "in0: distribute (convert pinned layout)" in str(plan)
+    unpinned = build_plan(decompose("ijk,ja,ka->ia", *shapes), nprocs, inputs=inputs, result="all")
+    assert busiest(plan) >= busiest(unpinned) and plan.bound.words == unpinned.bound.words
 
 
 def test_plan_json_carries_the_whole_plan():

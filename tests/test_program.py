@@ -70,6 +70,9 @@ def test_plan_is_pure_for_any_p():
     (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).plan(), "number of ranks is unknown"),
     (lambda: deinsum.compile("...ij->ij").report(), "need shapes"),
     (lambda: deinsum.compile("ii,ij->j", (3, 3), (3, 2)).plan(nprocs=2, inputs="local"), "need a unary pre-pass"),
+    (lambda: deinsum.compile("ii,ij->j", (3, 3), (3, 2), layouts={0: "even"}).plan(nprocs=2),
+     "operand(s) in0 need a unary pre-pass (diagonal, sum or broadcast): pass global arrays (inputs='global' or "
+     "'root'), their layouts not pinned"),
     (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4))(np.ones((2, 3)), np.ones((3, 4)), inputs="local"),
      None),
     (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).report("pdf"), "report format 'pdf'"),
