@@ -7,7 +7,9 @@ variants with a Khatri-Rao product over 32 MB are left out) on the same operands
 medians of --repeat calls after a warm-up. The report lists, per shape and mode, the fastest
 variant, the model's pick and its loss (pick / fastest - 1), and the sum of losses: the
 constants of ``deinsum.codegen.kernels._MTTKRP_FIT`` were fitted on this table. Every variant runs
-on each GEMM library here: numpy's BLAS, and Intel MKL where the `fast` extra installed it.
+on each GEMM library here: numpy's BLAS, and Intel MKL where the `fast` extra installed it; deinsum's
+streaming kernels stay off (they take over the variants they can read, whatever the library, and the
+constants model the libraries).
 
     python scripts/bench_mttkrp_variants.py [--repeat 5] [--out bench-results/mttkrp-variants.md]
 """
@@ -30,6 +32,8 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from deinsum.codegen import kernels as K  # noqa: E402
+
+K._STREAM = None     # the BLAS libraries only (see the docstring)
 
 #: (X's dims, R): the suite's orders 3 and 5, and shapes around them (in and out of cache, uneven, R = 8..48)
 SHAPES = [((256, 256, 256), 24), ((24,) * 5, 24), ((128, 128, 128), 16), ((32,) * 4, 32),

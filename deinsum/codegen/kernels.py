@@ -14,7 +14,8 @@ strategy a cost model finds; ``group_strategy`` names it:
 
 * ``MTTKRP`` (full or partial, any modes, factors in either orientation):
   GEMMs on views of X (no copy of X) against the Khatri-Rao product of one
-  contiguous run of modes, then a Hadamard-sum over the other factored modes;
+  contiguous run of modes, then a Hadamard-sum over the other factored modes
+  (both in one pass of the streaming kernels where those modes lead X);
   rank columns in blocks where the temporaries would exceed half of the
   inputs plus output (and 2**16 elements); where X already holds the rank
   index, one Hadamard-sum pass;
@@ -549,12 +550,15 @@ def _mttkrp_strategy(subs, out, sizes, mkl, itemsize, stream):
         streamed = _stream_kind(1, a, k, block, False, False) == "rows"
     else:                                          # KR^T @ X (a batches of k x b) over middle modes
         streamed = orient == "cols" and 0 < s and e < len(sx) and _stream_kind(a, block, k, b, False, True) == "cols"
-    library = " (streamed)" if stream and streamed else " (MKL)" if on_mkl else ""
-    name = (f"MTTKRP to ({','.join(free)}): GEMM over ({','.join(sx[s:e])}) "
-            f"{'X^T KR' if orient == 'rows' else 'KR^T X'}" + library)
     hadamard = [c for c in sx if c in modes and c not in sx[s:e]]
-    if hadamard:
-        name += f", Hadamard-sum over ({','.join(hadamard)})"
+    name = (f"MTTKRP to ({','.join(free)}): GEMM over ({','.join(sx[s:e])}) "
+            f"{'X^T KR' if orient == 'rows' else 'KR^T X'}")
+    if stream and _fusion(dims, s, e, orient, [sx.index(c) for c in hadamard], block):
+        name += f" and Hadamard-sum over ({','.join(hadamard)}) in one streamed pass"
+    else:
+        name += " (streamed)" if stream and streamed else " (MKL)" if on_mkl else ""
+        if hadamard:
+            name += f", Hadamard-sum over ({','.join(hadamard)})"
     if block < nr:
         name += f", rank columns in blocks of {block}"
     return "mttkrp", name, (x, r, (s, e, orient, block, on_mkl))
@@ -598,13 +602,13 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
     res_axes = sorted(out_axes)                                    # free axes in X's order, then r
     xp = array_module(xb)
     res = None if block == nr and not rest else xp.empty([dims[q] if q < n else nr for q in res_axes], dtype)
-    fused = _fused_hadamard(xb, s, e, orient, rest, block)
+    fused = xb.flags.c_contiguous and xb.dtype == np.float64 and _fusion(dims, s, e, orient, rest, block)
     for r0 in range(0, nr, block):
         cols = slice(r0, min(nr, r0 + block))
         kr = _khatri_rao([factors[q][:, cols] for q in range(s, e)])
         if fused:
             h = _khatri_rao([factors[q][:, cols] for q in rest])
-            res[..., cols] = fused(np.ascontiguousarray(kr), np.ascontiguousarray(h)).reshape(res[..., cols].shape)
+            res[..., cols] = _run_fused(fused, xb, s, e, rest, kr, h).reshape(res[..., cols].shape)
             continue
         if orient == "rows":
             t = _matmul(xb.reshape(a, k) if e == n else xb.reshape(a, k, b).transpose(0, 2, 1), kr, mkl)
@@ -630,43 +634,44 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
     return res.transpose([res_axes.index(q) for q in out_axes])
 
 
-def _fused_hadamard(xb, s, e, orient, rest, block):
-    """The GEMM and the Hadamard-sum in one pass of the streaming kernels, where the Hadamard-summed
-    modes lead X and the free ones sit next to the GEMM's: a function of (KR, H) giving the result
-    (free modes x rank block, in X's order); else None. T = X times KR is never stored.
+def _fusion(dims, s, e, orient, rest, block):
+    """``"rows"`` or ``"cols"`` where the streaming kernels run an MTTKRP variant's GEMM and its
+    Hadamard-sum in one pass (T = X times KR never stored): the Hadamard-summed modes ``rest`` lead X
+    and the free ones sit next to the GEMM's; else None.
 
-    * X^T KR over trailing modes: X as (G, F, K): out (F, r) = sum_g (X[g] @ KR) * H[g];
-    * KR^T X over middle modes: X as (G, K, F): out (r, F) = sum_g H[g] * (KR^T @ X[g]), returned as (F, r).
+    * rows, X^T KR over trailing modes: X as (G, F, K): out (F, r) = sum_g (X[g] @ KR) * H[g];
+    * cols, KR^T X over middle modes: X as (G, K, F): out (r, F) = sum_g H[g] * (KR^T @ X[g]).
+
+    >>> _fusion((256, 256, 256), 2, 3, "rows", [0], 24) == ("rows" if _STREAM else None)
+    True
     """
-    n, dims = xb.ndim, xb.shape
-    if not rest or rest != list(range(len(rest))) or not xb.flags.c_contiguous or xb.dtype != np.float64:
+    n = len(dims)
+    if not rest or rest != list(range(len(rest))):
         return None
     g, k = _prod(dims[:len(rest)]), _prod(dims[s:e])
-    rows, cols = _STREAM or (None, None)
-    if orient == "rows" and e == n:
-        f = _prod(dims[len(rest):s])
-        if _stream_kind(g, f, k, block, True, False) != "rows":
-            return None
-
-        def run(kr, h):
-            out = np.zeros((f, kr.shape[1]))
-            if rows(g, f, kr.shape[1], k, xb.ctypes.data, k, f * k, kr.ctypes.data, kr.shape[1], out.ctypes.data,
-                    kr.shape[1], 0, h.ctypes.data):
-                raise MemoryError(f"the streaming kernel's scratch block of {f} x {kr.shape[1]} words")
-            return out
-        return run
-    if orient == "cols" and s == len(rest) and e < n:
-        f = _prod(dims[e:])
-        if _stream_kind(g, block, k, f, False, True) != "cols":
-            return None
-
-        def run(kr, h):
-            out = np.zeros((kr.shape[1], f))
-            cols(g, kr.shape[1], f, k, kr.ctypes.data, xb.ctypes.data, f, k * f, out.ctypes.data, f, 0,
-                 h.ctypes.data)
-            return out.T
-        return run
+    if orient == "rows" and e == n and _stream_kind(g, _prod(dims[len(rest):s]), k, block, True, False) == "rows":
+        return "rows"
+    if orient == "cols" and s == len(rest) and e < n and _stream_kind(g, block, k, _prod(dims[e:]), False, True) == "cols":
+        return "cols"
     return None
+
+
+def _run_fused(kind, xb, s, e, rest, kr, h):
+    """The fused pass of ``_fusion``'s ``kind`` on a C-ordered float64 X: (free modes x rank columns)."""
+    dims, nr = xb.shape, kr.shape[1]
+    g, k = _prod(dims[:len(rest)]), _prod(dims[s:e])
+    rows, cols = _STREAM
+    kr, h = np.ascontiguousarray(kr), np.ascontiguousarray(h)
+    if kind == "rows":
+        f = _prod(dims[len(rest):s])
+        out = np.zeros((f, nr))
+        if rows(g, f, nr, k, xb.ctypes.data, k, f * k, kr.ctypes.data, nr, out.ctypes.data, nr, 0, h.ctypes.data):
+            raise MemoryError(f"the streaming kernel's scratch block of {f} x {nr} words")
+        return out
+    f = _prod(dims[e:])
+    out = np.zeros((nr, f))
+    cols(g, nr, f, k, kr.ctypes.data, xb.ctypes.data, f, k * f, out.ctypes.data, f, 0, h.ctypes.data)
+    return out.T
 
 
 # ---------------------------------------------------------------------------------------------
