@@ -72,6 +72,24 @@ def _held_dtypes(comm, local) -> set[str]:
     return {d for d in comm.allgather(None if local is None else local.dtype.str) if d is not None}
 
 
+def _rank_block(block, layout: Layout, rank: int, what: str) -> np.ndarray | None:
+    """``block`` as ``rank``'s block of ``layout`` (None where the rank holds nothing: None or an empty
+    array), else a DeinsumError naming both shapes.
+
+    >>> _rank_block(np.ones((1, 1)), Layout.replicated((2, 3), 1), 0, "with_local")
+    Traceback (most recent call last):
+    ...
+    deinsum.errors.DeinsumError: with_local: block of shape (1, 1), layout 1: -, - gives this rank (2, 3)
+    """
+    want = layout.local_shape(rank)
+    got = None if block is None else np.shape(block)
+    if want is None and (got is None or math.prod(got) == 0):
+        return None
+    if got != want:
+        raise DeinsumError(f"{what}: block of shape {got}, layout {layout.spec()} gives this rank {want}")
+    return np.asarray(block)
+
+
 def _agreed_blocks(comm, local, default) -> tuple:
     """``(local, dtype)`` with one dtype on every rank: the result type of the blocks held (``default`` where
     no rank holds one), each block cast to it."""
@@ -134,13 +152,7 @@ class DistributedArray:
 
         def check():
             lay = as_layout(layout, shape, comm.size)
-            want = lay.local_shape(comm.rank)
-            got = None if block is None else np.shape(block)
-            if want is None and (got is None or math.prod(got) == 0):
-                return lay, None
-            if got != want:
-                raise DeinsumError(f"block of shape {got}, layout {lay.spec()} gives this rank {want}")
-            return lay, np.asarray(block)
+            return lay, _rank_block(block, lay, comm.rank, "from_blocks")
 
         lay, local = collectively(comm, check, error=DeinsumError)
         kinds = _held_dtypes(comm, local)
@@ -175,7 +187,8 @@ class DistributedArray:
 
     def with_local(self, local: np.ndarray | None, shape=None) -> DistributedArray:
         """The same distribution with new blocks (a local computation that keeps block boundaries);
-        ``shape`` is the new global shape where the last axis changed length (it must then be whole)."""
+        ``shape`` is the new global shape where the last axis changed length (it must then be whole).
+        Every rank's block must have the shape its layout gives it (as in :meth:`from_blocks`)."""
         def check():
             layout = self.layout
             if shape is not None and tuple(shape) != layout.shape:
@@ -183,10 +196,11 @@ class DistributedArray:
                     raise DeinsumError(f"with_local: new shape {tuple(shape)} from {layout.shape} under "
                                        f"{layout.spec()}: only an unsplit last axis may change length")
                 layout = Layout(tuple(shape), layout.grid, layout.axes, layout.partial)
-            return layout
+            return layout, _rank_block(local, layout, self.comm.rank, "with_local")
 
-        layout = collectively(self.comm, check, error=DeinsumError)   # a bad shape on one rank fails on all
-        return DistributedArray(*_agreed_blocks(self.comm, local, self.dtype), layout=layout, comm=self.comm)
+        # a bad shape or block on one rank fails on all
+        layout, block = collectively(self.comm, check, error=DeinsumError)
+        return DistributedArray(*_agreed_blocks(self.comm, block, self.dtype), layout=layout, comm=self.comm)
 
     # ---- what it is -----------------------------------------------------------------------------
     @property
