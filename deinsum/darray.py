@@ -36,7 +36,7 @@ import numpy as np
 
 from .codegen.checks import agree, collectively
 from .codegen.exchange import exchange
-from .errors import DeinsumError
+from .errors import DeinsumError, as_dtype
 from .layout import Layout
 from .plan import pin_layout
 from .schedule import Move
@@ -63,8 +63,13 @@ def as_layout(spec, shape, nprocs: int, what: str = "array") -> Layout:
 
 
 def _not_numbers(dtype, what: str) -> str | None:
-    """The failure message for an array of ``dtype`` that does not hold numbers, else None."""
-    return None if np.dtype(dtype).kind in "biufc" else f"{what}: an array of dtype {np.dtype(dtype)}, not numbers"
+    """The failure message for an array of ``dtype`` that deinsum does not compute with (see
+    :func:`~deinsum.errors.as_dtype`: not bool, strings or objects), else None."""
+    try:
+        as_dtype(dtype, f"{what}: an array of dtype")
+    except DeinsumError as exc:
+        return str(exc)
+    return None
 
 
 def _held_dtypes(comm, local) -> set[str]:
@@ -90,11 +95,11 @@ def _rank_block(block, layout: Layout, rank: int, what: str) -> np.ndarray | Non
     return np.asarray(block)
 
 
-def _agreed_blocks(comm, local, default) -> tuple:
+def _agreed_blocks(comm, local, default, what: str) -> tuple:
     """``(local, dtype)`` with one dtype on every rank: the result type of the blocks held (``default`` where
-    no rank holds one), each block cast to it."""
+    no rank holds one), each block cast to it; a DeinsumError on every rank if it holds no numbers."""
     held = _held_dtypes(comm, local)
-    dtype = np.result_type(*sorted(held)) if held else np.dtype(default)
+    dtype = as_dtype(np.result_type(*sorted(held)) if held else default, f"{what}: blocks of dtype")
     return (None if local is None else local.astype(dtype, copy=False)), dtype
 
 
@@ -159,7 +164,7 @@ class DistributedArray:
         if len(kinds) != 1:
             raise DeinsumError(f"blocks of dtypes {sorted(kinds) or 'none (no rank holds a block)'}: "
                                f"expected one dtype")
-        dtype = np.dtype(kinds.pop())
+        dtype = as_dtype(kinds.pop(), "from_blocks: blocks of dtype")
         agree(comm, {"shape": shape, "layout": lay}, error=DeinsumError)
         return cls(local, dtype, layout=lay, comm=comm)
 
@@ -171,6 +176,7 @@ class DistributedArray:
         shape = tuple(int(n) for n in shape)
 
         def check():
+            as_dtype(dtype, "full: dtype")
             if fill is not None:
                 try:
                     np.array(fill, dtype=dtype)
@@ -200,7 +206,8 @@ class DistributedArray:
 
         # a bad shape or block on one rank fails on all
         layout, block = collectively(self.comm, check, error=DeinsumError)
-        return DistributedArray(*_agreed_blocks(self.comm, block, self.dtype), layout=layout, comm=self.comm)
+        return DistributedArray(*_agreed_blocks(self.comm, block, self.dtype, "with_local"), layout=layout,
+                                comm=self.comm)
 
     # ---- what it is -----------------------------------------------------------------------------
     @property
@@ -350,7 +357,8 @@ class DistributedArray:
             return local
 
         local = collectively(self.comm, apply, error=DeinsumError)
-        return DistributedArray(*_agreed_blocks(self.comm, local, self.dtype), layout=self.layout, comm=self.comm)
+        return DistributedArray(*_agreed_blocks(self.comm, local, self.dtype, "map_blocks"), layout=self.layout,
+                                comm=self.comm)
 
     def _allreduce(self, part: np.ndarray) -> np.ndarray:
         from mpi4py import MPI

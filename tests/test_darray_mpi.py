@@ -101,6 +101,8 @@ attempt("comm", lambda: deinsum.einsum("ij,jk->ik", x, x.T, comm="world" if comm
 attempt("transpose", lambda: deinsum.einsum("ij->ji", mixed))
 attempt("broadcast", lambda: deinsum.einsum("ij,j->i", np.ones((5, 1)), DistributedArray.from_global(np.ones(3))))
 attempt("root None", lambda: deinsum.compile("ij,jk->ik", inputs="root")(*([None, None] if comm.rank == 0 else [x, x.T])))
+attempt("bool", lambda: DistributedArray.from_global(x > 3, "even", comm))
+attempt("bool blocks", lambda: mixed.map_blocks(lambda b: b > 3))
 '''
 
 
@@ -124,7 +126,9 @@ def test_bad_layouts_are_one_line_errors_on_every_rank(tmp_path):
                           ("comm", "rank 1: comm='world': expected an mpi4py communicator such as MPI.COMM_WORLD"),
                           ("transpose", "'ij->ji' has one operand (a transpose): a pre-pass on whole arrays"),
                           ("broadcast", "in0 ('ij'): its axis j of size 1 broadcasts against in1 (j=3)"),
-                          ("root None", "rank 0: operand 0 is None: with inputs='root' rank 0 passes the whole arrays")]:
+                          ("root None", "rank 0: operand 0 is None: with inputs='root' rank 0 passes the whole arrays"),
+                          ("bool", "from_global: an array of dtype bool: expected an integer, float or complex type"),
+                          ("bool blocks", "map_blocks: blocks of dtype bool: expected an integer, float or complex")]:
         mine = [line for line in lines if line.startswith(label + " rank")]
         assert len(mine) == 4, (label, mine)
         messages = {line.split(" ERROR ", 1)[-1] for line in mine}
