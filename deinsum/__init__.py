@@ -31,7 +31,8 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
     ``threads='auto'`` pins BLAS threads at the first run so that ranks per node
     x threads = cores (threadpoolctl); ``None`` leaves them alone. ``layouts``
     pins the layout of inputs (``"in0"`` or ``0``, ...) or of a distributed result
-    (``"out"``): a :class:`~deinsum.layout.Layout`, ``"even"``, ``"replicated"``, ``"root"`` or
+    (``"out"``, with ``result='distributed'`` compiled or in the call; an error with 'all' or 'root'):
+    a :class:`~deinsum.layout.Layout`, ``"even"``, ``"replicated"``, ``"root"`` or
     text like ``"2x2: 0, 1"`` (see :mod:`deinsum.darray`); the plan is built
     around them: ``'local'`` inputs start in their pinned layouts, ``'global'`` and
     ``'root'`` ones are distributed into them first. Unpinned ``'local'`` inputs
@@ -60,13 +61,18 @@ def einsum(equation: str, *arrays, comm=None, result=None, **options):
     error on any rank (even while compiling) is raised on every rank.
     """
     import numpy as np
-    from mpi4py import MPI
 
     from .codegen.checks import collectively
-    held = [a for a in arrays if isinstance(a, DistributedArray)]
-    comm = comm if comm is not None else held[0].comm if held else MPI.COMM_WORLD
+    from .program import call_comm
+    comm, bad_comm = call_comm(comm, arrays)
     shapes = [np.shape(a) for a in arrays]   # reads .shape where there is one (DistributedArray, CuPy)
-    prog = collectively(comm, lambda: compile(equation, *shapes, **options), error=DeinsumError)
+
+    def build():
+        if bad_comm:
+            raise DeinsumError(bad_comm)
+        return compile(equation, *shapes, **options)
+
+    prog = collectively(comm, build, error=DeinsumError)
     with prog:
         return prog(*arrays, comm=comm, result=result)
 

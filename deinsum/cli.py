@@ -67,9 +67,14 @@ def launch_command(nprocs: int, script, *args: str) -> list[str]:
             str(script), *args]
 
 
-def _program(args, nprocs=None):
+def _program(args, nprocs=None, needs_sizes=False):
+    """The compiled program of a command: with shapes from ``--size`` (or without: symbolic, unless
+    ``needs_sizes``; an equation without indices, like ``->``, has its shapes already)."""
     from . import compile as compile_einsum
-    shapes = shapes_from_sizes(args.equation, parse_sizes(args.size)) if args.size else []
+    indexed = any(c.isalpha() for c in args.equation)
+    if needs_sizes and indexed and not args.size:
+        raise DeinsumError(f"{args.command} needs sizes: --size i=...,j=...")
+    shapes = shapes_from_sizes(args.equation, parse_sizes(args.size)) if args.size or not indexed else []
     return compile_einsum(args.equation, *shapes, nprocs=nprocs, dtype=args.dtype, memory=args.memory,
                           inputs=args.inputs, result=args.result, layouts=parse_layouts(args.layout),
                           device=getattr(args, "device", "cpu"))
@@ -97,25 +102,19 @@ def cmd_bound(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    if not args.size:
-        raise DeinsumError("plan needs sizes: --size i=...,j=...")
-    prog = _program(args, args.nprocs)
+    prog = _program(args, args.nprocs, needs_sizes=True)
     print(prog.report("json" if args.json else "text", nprocs=args.nprocs))
     return 0
 
 
 def cmd_emit(args) -> int:
-    if not args.size:
-        raise DeinsumError("emit needs sizes: --size i=...,j=...")
-    path = _program(args, args.nprocs).to_script(args.script)
+    path = _program(args, args.nprocs, needs_sizes=True).to_script(args.script)
     print(f"wrote {path} (run: {shlex.join(launch_command(args.nprocs, path, '--validate'))})")
     return 0
 
 
 def cmd_run(args) -> int:
-    if not args.size:
-        raise DeinsumError("run needs sizes: --size i=...,j=...")
-    prog = _program(args, args.nprocs)
+    prog = _program(args, args.nprocs, needs_sizes=True)
     with tempfile.TemporaryDirectory() as tmp:
         script = prog.to_script(Path(tmp) / "program.py")
         cmd = launch_command(args.nprocs, script, "--repeat", str(args.repeat), "--device", args.device,
@@ -181,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    # an equation may start with '->' (a 0-d einsum, as numpy's "->"): a leading space keeps argparse from
+    # taking it for an option
+    argv = [f" {a}" if a.startswith("->") else a for a in (sys.argv[1:] if argv is None else argv)]
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

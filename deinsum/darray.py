@@ -36,7 +36,7 @@ import numpy as np
 
 from .codegen.checks import agree, collectively
 from .codegen.exchange import exchange
-from .errors import DeinsumError
+from .errors import DeinsumError, as_dtype
 from .layout import Layout
 from .plan import pin_layout
 from .schedule import Move
@@ -63,8 +63,13 @@ def as_layout(spec, shape, nprocs: int, what: str = "array") -> Layout:
 
 
 def _not_numbers(dtype, what: str) -> str | None:
-    """The failure message for an array of ``dtype`` that does not hold numbers, else None."""
-    return None if np.dtype(dtype).kind in "biufc" else f"{what}: an array of dtype {np.dtype(dtype)}, not numbers"
+    """The failure message for an array of ``dtype`` that deinsum does not compute with (see
+    :func:`~deinsum.errors.as_dtype`: not bool, strings or objects), else None."""
+    try:
+        as_dtype(dtype, f"{what}: an array of dtype")
+    except DeinsumError as exc:
+        return str(exc)
+    return None
 
 
 def _held_dtypes(comm, local) -> set[str]:
@@ -72,11 +77,29 @@ def _held_dtypes(comm, local) -> set[str]:
     return {d for d in comm.allgather(None if local is None else local.dtype.str) if d is not None}
 
 
-def _agreed_blocks(comm, local, default) -> tuple:
+def _rank_block(block, layout: Layout, rank: int, what: str) -> np.ndarray | None:
+    """``block`` as ``rank``'s block of ``layout`` (None where the rank holds nothing: None or an empty
+    array), else a DeinsumError naming both shapes.
+
+    >>> _rank_block(np.ones((1, 1)), Layout.replicated((2, 3), 1), 0, "with_local")
+    Traceback (most recent call last):
+    ...
+    deinsum.errors.DeinsumError: with_local: block of shape (1, 1), layout 1: -, - gives this rank (2, 3)
+    """
+    want = layout.local_shape(rank)
+    got = None if block is None else np.shape(block)
+    if want is None and (got is None or math.prod(got) == 0):
+        return None
+    if got != want:
+        raise DeinsumError(f"{what}: block of shape {got}, layout {layout.spec()} gives this rank {want}")
+    return np.asarray(block)
+
+
+def _agreed_blocks(comm, local, default, what: str) -> tuple:
     """``(local, dtype)`` with one dtype on every rank: the result type of the blocks held (``default`` where
-    no rank holds one), each block cast to it."""
+    no rank holds one), each block cast to it; a DeinsumError on every rank if it holds no numbers."""
     held = _held_dtypes(comm, local)
-    dtype = np.result_type(*sorted(held)) if held else np.dtype(default)
+    dtype = as_dtype(np.result_type(*sorted(held)) if held else default, f"{what}: blocks of dtype")
     return (None if local is None else local.astype(dtype, copy=False)), dtype
 
 
@@ -134,20 +157,14 @@ class DistributedArray:
 
         def check():
             lay = as_layout(layout, shape, comm.size)
-            want = lay.local_shape(comm.rank)
-            got = None if block is None else np.shape(block)
-            if want is None and (got is None or math.prod(got) == 0):
-                return lay, None
-            if got != want:
-                raise DeinsumError(f"block of shape {got}, layout {lay.spec()} gives this rank {want}")
-            return lay, np.asarray(block)
+            return lay, _rank_block(block, lay, comm.rank, "from_blocks")
 
         lay, local = collectively(comm, check, error=DeinsumError)
         kinds = _held_dtypes(comm, local)
         if len(kinds) != 1:
             raise DeinsumError(f"blocks of dtypes {sorted(kinds) or 'none (no rank holds a block)'}: "
                                f"expected one dtype")
-        dtype = np.dtype(kinds.pop())
+        dtype = as_dtype(kinds.pop(), "from_blocks: blocks of dtype")
         agree(comm, {"shape": shape, "layout": lay}, error=DeinsumError)
         return cls(local, dtype, layout=lay, comm=comm)
 
@@ -159,6 +176,7 @@ class DistributedArray:
         shape = tuple(int(n) for n in shape)
 
         def check():
+            as_dtype(dtype, "full: dtype")
             if fill is not None:
                 try:
                     np.array(fill, dtype=dtype)
@@ -175,7 +193,8 @@ class DistributedArray:
 
     def with_local(self, local: np.ndarray | None, shape=None) -> DistributedArray:
         """The same distribution with new blocks (a local computation that keeps block boundaries);
-        ``shape`` is the new global shape where the last axis changed length (it must then be whole)."""
+        ``shape`` is the new global shape where the last axis changed length (it must then be whole).
+        Every rank's block must have the shape its layout gives it (as in :meth:`from_blocks`)."""
         def check():
             layout = self.layout
             if shape is not None and tuple(shape) != layout.shape:
@@ -183,10 +202,12 @@ class DistributedArray:
                     raise DeinsumError(f"with_local: new shape {tuple(shape)} from {layout.shape} under "
                                        f"{layout.spec()}: only an unsplit last axis may change length")
                 layout = Layout(tuple(shape), layout.grid, layout.axes, layout.partial)
-            return layout
+            return layout, _rank_block(local, layout, self.comm.rank, "with_local")
 
-        layout = collectively(self.comm, check, error=DeinsumError)   # a bad shape on one rank fails on all
-        return DistributedArray(*_agreed_blocks(self.comm, local, self.dtype), layout=layout, comm=self.comm)
+        # a bad shape or block on one rank fails on all
+        layout, block = collectively(self.comm, check, error=DeinsumError)
+        return DistributedArray(*_agreed_blocks(self.comm, block, self.dtype, "with_local"), layout=layout,
+                                comm=self.comm)
 
     # ---- what it is -----------------------------------------------------------------------------
     @property
@@ -336,7 +357,8 @@ class DistributedArray:
             return local
 
         local = collectively(self.comm, apply, error=DeinsumError)
-        return DistributedArray(*_agreed_blocks(self.comm, local, self.dtype), layout=self.layout, comm=self.comm)
+        return DistributedArray(*_agreed_blocks(self.comm, local, self.dtype, "map_blocks"), layout=self.layout,
+                                comm=self.comm)
 
     def _allreduce(self, part: np.ndarray) -> np.ndarray:
         from mpi4py import MPI

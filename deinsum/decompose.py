@@ -122,6 +122,35 @@ class Decomposition:
             return None
         return sum(s.flops or 0 for s in self.prepass + self.steps)
 
+    def prepass_reason(self) -> str:
+        """What the unary pre-pass does (it needs whole operands): one clause per operand it changes.
+
+        >>> decompose("ij->ji", (3, 4)).prepass_reason()
+        "'ij->ji' has one operand (a transpose)"
+        >>> decompose("ii,ij->j", (3, 3), (3, 2)).prepass_reason()
+        "in0 ('ii'): a diagonal over i"
+        >>> decompose("ij,j->i", (5, 1), (3,)).prepass_reason()
+        "in0 ('ij'): its axis j of size 1 broadcasts against in1 (j=3)"
+        """
+        if not self.steps:
+            kinds = [s.kind for s in self.prepass if s.kind != "copy"] or ["copy"]
+            return f"{self.equation!r} has one operand (a {' and a '.join(kinds)})"
+        clauses = []
+        for step in self.prepass:
+            (sub,), n = step.subscripts, self.input_names.index(step.operands[0])
+            others = {m: s for m, s in zip(self.input_names, self.raw_subscripts) if m != step.operands[0]}
+            parts = []
+            for c in dict.fromkeys(sub):
+                if sub.count(c) > 1:
+                    parts.append(f"a diagonal over {c}")
+                elif c not in step.output and any(c in s for s in others.values()):
+                    partners = ", ".join(m for m, s in others.items() if c in s)
+                    parts.append(f"its axis {c} of size 1 broadcasts against {partners} ({c}={self.sizes[c]})")
+                elif c not in step.output:
+                    parts.append(f"a sum over {c}, which no other operand has")
+            clauses.append(f"in{n} ({self.raw_subscripts[n]!r}): {', '.join(parts)}")
+        return "; ".join(clauses)
+
     def __str__(self) -> str:
         lines = [f"  Complete contraction:  {self.equation}"]
         if self.sizes is None:

@@ -1,4 +1,5 @@
-"""The one exception type users see."""
+"""The one exception type users see, and the checks of options that raise it."""
+import numpy as np
 
 
 class DeinsumError(ValueError):
@@ -9,3 +10,33 @@ class DeinsumError(ValueError):
     ...
     deinsum.errors.DeinsumError: operand 1 ('ja'): index 'j' has size 3, expected 4
     """
+
+
+def check_choice(option: str, value, choices) -> None:
+    """Raise a DeinsumError naming ``option`` unless ``value`` is one of ``choices``.
+
+    >>> check_choice("result", "bogus", ("all", "root", "distributed"))
+    Traceback (most recent call last):
+    ...
+    deinsum.errors.DeinsumError: result='bogus': expected one of all, root, distributed
+    """
+    if not any(value is c or (isinstance(value, str) and value == c) for c in choices):
+        raise DeinsumError(f"{option}={value!r}: expected one of {', '.join(map(str, choices))}")
+
+
+def as_dtype(value, what: str = "dtype") -> np.dtype:
+    """``np.dtype(value)`` for the integer, float and complex types deinsum computes in, else a DeinsumError
+    (``what`` names it). Not bool: ``numpy.einsum`` of bools is a logical OR of ANDs, which deinsum does not do.
+
+    >>> as_dtype(bool, "from_global: dtype")
+    Traceback (most recent call last):
+    ...
+    deinsum.errors.DeinsumError: from_global: dtype bool: expected an integer, float or complex type
+    """
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        raise DeinsumError(f"{what} {value!r} is not a numpy data type") from None
+    if dtype.kind not in "iufc":
+        raise DeinsumError(f"{what} {dtype.name}: expected an integer, float or complex type")
+    return dtype

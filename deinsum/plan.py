@@ -23,7 +23,7 @@ import numpy as np
 
 from .codegen.memory import available_memory
 from .decompose import Decomposition, Step
-from .errors import DeinsumError
+from .errors import DeinsumError, check_choice
 from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
 from .layout import Layout
 from .redistribute import received_words, sample_ranks
@@ -323,6 +323,8 @@ def pin_names(layouts: Mapping | None) -> tuple[tuple[str, object], ...]:
     >>> pin_names({0: "even", "out": "even"})
     (('in0', 'even'), ('out', 'even'))
     """
+    if layouts is not None and not isinstance(layouts, Mapping):
+        raise DeinsumError(f"layouts={layouts!r}: expected a dict from tensor (0 or 'in0', ..., 'out') to layout")
     named = {f"in{key}" if isinstance(key, (int, np.integer)) and not isinstance(key, bool) else str(key): spec
              for key, spec in (layouts or {}).items()}
     return tuple(sorted(named.items()))
@@ -542,10 +544,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     if isinstance(nprocs, bool) or not isinstance(nprocs, (int, np.integer)) or nprocs < 1:
         raise DeinsumError(f"nprocs must be an integer >= 1, not {nprocs!r}")
     nprocs = int(nprocs)
-    if inputs not in INPUT_MODES:
-        raise DeinsumError(f"inputs={inputs!r}: expected one of {', '.join(INPUT_MODES)}")
-    if result not in RESULT_MODES:
-        raise DeinsumError(f"result={result!r}: expected one of {', '.join(RESULT_MODES)}")
+    check_choice("inputs", inputs, INPUT_MODES)
+    check_choice("result", result, RESULT_MODES)
     dtype = np.dtype(dtype)
     memory = default_memory(nprocs, dtype.itemsize) if memory is None else int(memory)
     pins = dict(pin_names(layouts))
@@ -555,9 +555,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
             raise DeinsumError(f"layouts: {key!r} is not a tensor of {d.equation!r} "
                                f"(expected one of {', '.join(names)})")
     if d.prepass and (inputs == "local" or set(pins) & {s.operands[0] for s in d.prepass}):
-        names_ = ", ".join(dict.fromkeys(s.operands[0] for s in d.prepass))
-        raise DeinsumError(f"operand(s) {names_} need a unary pre-pass (diagonal, sum or broadcast): "
-                           f"pass global arrays (inputs='global' or 'root'), their layouts not pinned")
+        raise DeinsumError(f"{d.prepass_reason()}: a pre-pass on whole arrays; pass whole arrays (inputs='global' "
+                           f"or 'root'), not local blocks, DistributedArrays or pinned layouts")
     shape_of = lambda sub: tuple(d.sizes[c] for c in sub)  # noqa: E731
     # where each input starts (local blocks pinned or placed by the planner, else whole arrays) and the pinned
     # layouts whole arrays are distributed into first
@@ -570,8 +569,9 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
             starts[name] = mode_layout(inputs, shape_of(sub), nprocs)
             if pinned is not None:
                 first[name] = pinned
-    if result != "distributed":                     # a pinned result layout is where a distributed result ends
-        pins.pop("out", None)
+    if result != "distributed" and "out" in pins:   # a pinned result layout is where a distributed result ends
+        raise DeinsumError(f"layouts: 'out' pins the layout of a distributed result: pass result='distributed', "
+                           f"not {result!r}")
     finish = (pin_layout(pins["out"], shape_of(d.output), nprocs, "out") if "out" in pins
               else None if result == "distributed" else mode_layout(result, shape_of(d.output), nprocs))
     analysis = analyze(d, S=memory, P=nprocs) if d.steps else None

@@ -25,9 +25,9 @@ from .codegen.kernels import contract_pair, gemm_library, group_strategy, unary
 from .codegen.runtime import Runtime, pin_blas_threads
 from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
-from .errors import DeinsumError
+from .errors import DeinsumError, as_dtype, check_choice
 from .footprint import check_footprint, footprint
-from .plan import Plan, build_plan, pin_names
+from .plan import INPUT_MODES, RESULT_MODES, Plan, build_plan, pin_names
 from .schedule import Move
 from .soap import analyze
 
@@ -53,17 +53,23 @@ class RunReport:
                 f"(model {self.model_sent}/{self.model_received})")
 
 
-def as_dtype(value) -> np.dtype:
-    """``np.dtype(value)`` for int/float/complex types, else a DeinsumError."""
-    try:
-        dtype = np.dtype(value)
-    except TypeError:
-        raise DeinsumError(f"dtype {value!r} is not a numpy data type") from None
-    if dtype.kind not in "iufc":
-        raise DeinsumError(f"dtype {dtype.name}: expected an integer, float or complex type")
-    return dtype
+def call_comm(comm, arrays) -> tuple:
+    """The communicator of a call (``comm``, else that of its DistributedArray operands, else COMM_WORLD) and
+    a failure for every rank to agree on: a ``comm`` that is no mpi4py communicator fails on COMM_WORLD.
+
+    >>> call_comm("world", [])[1]
+    "comm='world': expected an mpi4py communicator such as MPI.COMM_WORLD"
+    """
+    from mpi4py import MPI
+    if comm is None:
+        held = [a for a in arrays if isinstance(a, DistributedArray)]
+        return (held[0].comm if held else MPI.COMM_WORLD), None
+    if isinstance(comm, MPI.Intracomm):
+        return comm, None
+    return MPI.COMM_WORLD, f"comm={comm!r}: expected an mpi4py communicator such as MPI.COMM_WORLD"
 
 
+CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
 #: The modes an emitted script supports.
 SCRIPT_INPUTS, SCRIPT_RESULTS = ("global", "root"), ("all", "root")
 
@@ -149,10 +155,13 @@ class Program:
         if self.shapes is not None:
             self.shapes = tuple(as_shape(s, f"operand {n}") for n, s in enumerate(self.shapes))
         self.dtype = None if self.dtype is None else as_dtype(self.dtype)
-        if self.casting not in ("no", "equiv", "safe", "same_kind", "unsafe"):
-            raise DeinsumError(f"casting={self.casting!r}: expected one of no, equiv, safe, same_kind, unsafe")
-        if self.device not in ("cpu", "gpu"):
-            raise DeinsumError(f"device={self.device!r}: expected 'cpu' or 'gpu'")
+        for option, choices in [("casting", CASTINGS), ("device", ("cpu", "gpu")), ("inputs", INPUT_MODES),
+                                ("result", RESULT_MODES), ("threads", ("auto", None))]:
+            check_choice(option, getattr(self, option), choices)
+        if self.memory is not None and (isinstance(self.memory, bool) or not isinstance(self.memory, (int, np.integer))
+                                        or self.memory < 1):
+            raise DeinsumError(f"memory={self.memory!r}: expected a positive integer (elements per rank)")
+        pin_names(self.layouts)   # a dict of tensor names (or operand numbers) to layouts
         if not isinstance(self.equation, str):
             raise DeinsumError(f"the einsum equation must be a string, not {type(self.equation).__name__}")
         # parametric with '...': the decomposition waits for the shapes of a call
@@ -232,6 +241,8 @@ class Program:
         layouts together with the grids, so they depend on ``result`` and any pinned ``layouts``). A rank
         that holds nothing of an operand gets empty slices (it may pass the empty block or None)."""
         plan = self.plan(nprocs=nprocs, dtype=dtype, inputs="local", result=result)
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < nprocs:
+            raise DeinsumError(f"input_blocks: rank {rank!r} is not a rank of {nprocs} (0 to {nprocs - 1})")
         return [layout.block(rank) or (slice(0, 0),) * len(layout.shape) for layout in plan.entry]
 
     # ---- running -----------------------------------------------------------------------------------
@@ -253,7 +264,7 @@ class Program:
         """
         from mpi4py import MPI
         held = [a for a in arrays if isinstance(a, DistributedArray)]
-        comm = comm if comm is not None else held[0].comm if held else MPI.COMM_WORLD
+        comm, bad_comm = call_comm(comm, arrays)
         inputs = inputs or ("local" if held else self.inputs)
         result = result if result is not None else self.result if not held or self.result != "all" else "distributed"
         pins = dict(pin_names(self.layouts))
@@ -264,7 +275,7 @@ class Program:
             pins["out"], result = result, "distributed"
         pins = pin_names(pins)
         facts, failure, shapes, dtype = self._facts(arrays, comm, inputs, result, pins, bool(held))
-        agree(comm, facts, failure, DeinsumError)
+        agree(comm, facts, bad_comm or failure, DeinsumError)
         if inputs == "root":   # the other ranks learn rank 0's shapes and dtype
             shapes, dtype = comm.bcast((shapes, dtype), root=0)
         blocks = [a.local if isinstance(a, DistributedArray) else a for a in arrays]
@@ -342,6 +353,10 @@ class Program:
             if inputs != "root" or rank == 0:
                 # with local inputs a rank that holds nothing of an operand may pass None
                 for n, a in enumerate(arrays):
+                    if a is None and inputs != "local":
+                        raise DeinsumError(f"operand {n} is None: with inputs={inputs!r} "
+                                           f"{'rank 0 passes' if inputs == 'root' else 'every rank passes'} "
+                                           f"the whole arrays")
                     if is_device_array(a) and self.device != "gpu":
                         raise DeinsumError(f"operand {n} is a GPU array: compile with device='gpu'")
                 types = [a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype   # numpy, CuPy, DistributedArray

@@ -27,10 +27,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .decompose import decompose
-from .errors import DeinsumError
+from .errors import DeinsumError, as_dtype
 from .layout import Layout
 from .plan import Plan, pin_layout
-from .program import Program, as_dtype
+from .program import Program
 
 __all__ = ["SequencePlan", "SequenceStep", "plan_sequence", "reads_moved"]
 

@@ -65,6 +65,13 @@ def test_pinned_input_is_planned_emitted_and_run(nprocs, inputs):
     assert "validate: OK" in res.stdout and "measured bytes == model" in res.stdout
 
 
+def test_an_equation_starting_with_an_arrow_is_not_an_option():
+    """numpy's 0-d einsum "->": every command takes it (it has no index to size)."""
+    assert run("bound", "->").returncode == 0
+    res = run("plan", "->", "-P", "2")
+    assert res.returncode == 0 and "deinsum plan for '->' on 2 rank(s)" in res.stdout, res.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (["plan", MTTKRP, "-P", "4"], "plan needs sizes"),
     (["plan", MTTKRP, "--size", "i=12,j=10,k=8", "-P", "4"], "no size given for index 'a'"),
@@ -75,6 +82,9 @@ def test_pinned_input_is_planned_emitted_and_run(nprocs, inputs):
     (["emit", MTTKRP, "--size", SIZES, "-P", "2"], "the following arguments are required: -o"),
     (["bound", "ij,jk->ik", "--dtype", "float1024"], "not a numpy data type"),
     (["plan", MTTKRP, "--size", SIZES, "-P", "2", "--dtype", "bool"], "expected an integer, float or complex"),
+    (["plan", "ij,jk->ik", "--size", "i=2,j=3,k=4", "-P", "2", "--layout", "out=even"],
+     "pass result='distributed', not 'all'"),
+    (["plan", "ij->i", "-P", "2"], "plan needs sizes"),
     (["nonsense"], "invalid choice"),
 ])
 def test_errors_are_one_line_exit_2(args, message):

@@ -122,6 +122,16 @@ def test_wrong_sizes_fail_clearly(size, message, tmp_path):
     assert len([line for line in res.stderr.splitlines() if line.startswith("error:")]) == 1
 
 
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_a_failing_script_exits_2_on_every_launch(nprocs, tmp_path):
+    """The error line and exit code 2 every time: no rank is killed by the launcher (``BAD TERMINATION``)."""
+    script = deinsum.compile("ijk,ja,ka->ia", (7, 5, 3), (5, 2), (3, 2)).to_script(tmp_path / "p.py", nprocs=nprocs)
+    for args in [("--size", "i=8"), ("--load", str(tmp_path / "missing.npy"), "b.npy", "c.npy")] * 4:
+        res = run_mpi_script(nprocs, script, *args, timeout=60)
+        assert res.returncode == 2, (args, res.returncode, res.stderr)
+        assert len(res.stderr.splitlines()) == 1 and res.stderr.startswith("error: "), res.stderr
+
+
 def test_bad_input_file_fails_clearly(tmp_path):
     script = deinsum.compile("ij,jk->ik", (6, 5), (5, 4)).to_script(tmp_path / "p.py", nprocs=2)
     np.save(tmp_path / "a.npy", np.zeros((6, 5)))

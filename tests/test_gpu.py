@@ -31,7 +31,7 @@ RTOL = {"float64": 1e-10, "float32": 1e-4, "complex128": 1e-10}
 
 
 def test_device_is_cpu_or_gpu():
-    with pytest.raises(DeinsumError, match="device='tpu': expected 'cpu' or 'gpu'"):
+    with pytest.raises(DeinsumError, match="device='tpu': expected one of cpu, gpu"):
         deinsum.compile("ij,jk->ik", (2, 3), (3, 4), device="tpu")
 
 

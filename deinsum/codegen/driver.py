@@ -8,7 +8,6 @@ its plan's data (``EQUATION``, ``MOVES``, ...) and ``run(rt, *operands)``;
 its own exchange tables and footprint from the layouts in that data at start-up.
 """
 import argparse
-import os
 import sys
 
 import numpy as np
@@ -166,13 +165,12 @@ def _agreed(comm, facts, failure):
 
 def exit_with(status):
     """Exit an emitted script with ``status``, reached by every rank together. A failure exits after
-    ``MPI.Finalize`` so that ``python -m mpi4py`` does not turn it into an ``MPI_Abort`` message."""
-    if not status:
-        sys.exit(0)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    MPI.Finalize()
-    os._exit(status)
+    ``MPI.Finalize`` so that ``python -m mpi4py`` does not turn it into an ``MPI_Abort`` message, and
+    through ``sys.exit``: ``os._exit`` would skip the exit handlers that end MPICH's PMI session, and
+    Hydra would then kill the ranks still exiting (``BAD TERMINATION``, exit code 9)."""
+    if status:
+        MPI.Finalize()
+    sys.exit(status)
 
 
 def report(comm, ns, runs, threads, model, device=None):
