@@ -73,7 +73,7 @@ def worker(spec_path: str, out_path: str) -> int:
     from threadpoolctl import threadpool_info, threadpool_limits
 
     import deinsum
-    from deinsum.codegen.kernels import _GEMM, _matmul, _tblis, contract_group, group_strategy
+    from deinsum.codegen.kernels import _matmul, _tblis, contract_group, gemm_library, group_strategy
 
     comm = MPI.COMM_WORLD
     try:
@@ -147,7 +147,7 @@ def worker(spec_path: str, out_path: str) -> int:
         Path(out_path).write_text(json.dumps({
             "nprocs": comm.size, "mpi": MPI.Get_library_version().strip().splitlines()[0],
             "blas": blas, "ctf": None if ctf is None else ctf.__file__, "ctf_skipped": ctf_error,
-            "deinsum": deinsum.__file__, "tblis": _tblis is not None, "gemm": "MKL" if _GEMM else "numpy",
+            "deinsum": deinsum.__file__, "tblis": _tblis is not None, "gemm": gemm_library(),
             "dgemm": {"before": gemm_before, "after": gemm_after, "numpy": numpy_gemm}, "bandwidth": stream,
             "packing": pack,
             "kernels": results}, indent=1))
@@ -409,8 +409,9 @@ def main(argv=None) -> int:
         + "inputs already distributed (deinsum inputs='local', result='distributed'; CTF tensors made before timing)",
         "- local kernel: contract_group of the whole statement on this rank's 1/P slab (first output index split "
         "evenly, other operands whole); its GFLOP/s count opt_einsum's optimal-path FLOPs",
-        f"- deinsum's GEMMs: {'Intel MKL (the `fast` extra)' if first['gemm'] == 'MKL' else 'numpy'}; dgemm "
-        "through them (2048^3, 1 thread, same launch, before/after; numpy's own in brackets): " + "; ".join(
+        f"- deinsum's GEMMs: {first['gemm']}; dgemm "
+        "through them (2048^3: MKL where installed; 1 thread, same launch, before/after; numpy's own in brackets): "
+        + "; ".join(
             f"P={r['nprocs']}: {r['dgemm']['before']['gflops']:.1f}/{r['dgemm']['after']['gflops']:.1f} "
             f"({r['dgemm']['numpy']['gflops']:.1f}) GFLOP/s" for r in runs),
         "- streaming bandwidth (numpy copy of 256 MB, read + write bytes, every rank at once): " + "; ".join(
