@@ -602,7 +602,8 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
     res_axes = sorted(out_axes)                                    # free axes in X's order, then r
     xp = array_module(xb)
     res = None if block == nr and not rest else xp.empty([dims[q] if q < n else nr for q in res_axes], dtype)
-    fused = xb.flags.c_contiguous and xb.dtype == np.float64 and _fusion(dims, s, e, orient, rest, block)
+    fused = (xp is np and xb.flags.c_contiguous and xb.dtype == np.float64
+             and _fusion(dims, s, e, orient, rest, block))       # (CPU blocks only)
     for r0 in range(0, nr, block):
         cols = slice(r0, min(nr, r0 + block))
         kr = _khatri_rao([factors[q][:, cols] for q in range(s, e)])
