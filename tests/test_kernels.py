@@ -91,9 +91,15 @@ def test_mttkrp_every_variant_equals_numpy(name, dtype, gemms):
     axes = [q for q, c in enumerate(subs[x]) if c not in out]
     variants = K._mttkrp_variants(len(subs[x]), axes)
     assert len(variants) >= 2
+    dims, rest, nr = ops[x].shape, [q for q, c in enumerate(subs[x]) if c not in out], sizes["a"]
     for (s, e, orient), mkl in itertools.product(variants, (False, True)):   # (MKL where installed)
         for block in (3, 2, 1):                       # all rank columns at once, uneven and single blocks
+            before = len(gemms)
             check(eq, ops, K._run_mttkrp(subs, out, ops, np.dtype(dtype), (x, r, (s, e, orient, block, mkl))))
+            fused = K._fusion(dims, s, e, orient, [q for q in rest if not s <= q < e], block)
+            streams = dtype == np.float64 and (bool(fused) or K._variant_streams(dims, s, e, orient, block))
+            if nr % block == 0:   # (a last, narrower block may take another kernel than the name's)
+                assert bool(gemms[before:]) == streams, (s, e, orient, block, gemms[before:])   # what names say runs
     fused = {kind for kind, weighted in gemms if weighted}   # GEMM and Hadamard-sum in one pass
     expected = {"O3-M1": {"rows"}, "O3-M2": {"cols"}, "O5-M1": {"rows"}, "O5-M2": {"rows"}, "O5-M3": {"rows"},
                 "O5-M4": {"cols"}}.get(name, set())
@@ -239,6 +245,24 @@ def test_streaming_kernels_equal_numpy_and_take_only_what_they_can_read(monkeypa
         assert res.shape == (a @ b).shape and res.dtype == (a @ b).dtype
         np.testing.assert_allclose(res, a @ b, rtol=1e-5, atol=1e-9)
         assert calls[before:] == ([kind] if kind else []), (a.shape, a.strides, b.shape, b.strides, kind)
+
+
+def test_streaming_kernels_refuse_what_they_cannot_compute(monkeypatch):
+    """No empty GEMM reaches them, they refuse a result wider than 32 columns (rows) or empty (status 2,
+    nothing written), and a build of another interface (one an editable install left behind) is not used."""
+    if K._STREAM is None:
+        pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
+    monkeypatch.setattr(K, "_STREAM_WORK", 0)
+    assert [K._stream_kind(*shape, False, False) for shape in [(1, 5, 3, 0), (1, 0, 3, 4), (0, 5, 3, 4)]] == [None] * 3
+    t, x, w = np.full(8, 7.0), np.ones((4, 3)), np.ones((3, 40))
+    assert K._STREAM[0](1, 4, 0, 3, x.ctypes.data, 3, 0, w.ctypes.data, 40, t.ctypes.data, 0, 0, None) == 2
+    assert K._STREAM[0](1, 1, 33, 3, x.ctypes.data, 3, 0, w.ctypes.data, 40, t.ctypes.data, 33, 0, None) == 2
+    assert K._STREAM[1](1, 0, 4, 3, w.ctypes.data, x.ctypes.data, 3, 0, t.ctypes.data, 4, 0, None) == 2
+    assert (t == 7.0).all()
+    with pytest.raises(ValueError, match="refused a GEMM whose result is 1 x 33"):
+        K._checked(2, 1, 33)
+    monkeypatch.setattr(K, "_STREAM_ABI", K._STREAM_ABI + 1)
+    assert K._stream_kernels() is None
 
 
 def test_mkl_runs_float_gemms_when_installed():

@@ -30,10 +30,11 @@ strategy a cost model finds; ``group_strategy`` names it:
 Every GEMM runs through ``_matmul``: a float64 GEMM with a narrow side whose wide
 operand can be read in place runs on deinsum's streaming kernels (``_streamed``: they
 hide the read of X behind the arithmetic, which BLAS's packing does not; the strategy
-name says "streamed"), others on Intel MKL where installed (float32/64) or on numpy's BLAS. MTTKRP GEMMs run on the library the cost model picks
-with its variant (constants per library: ``_MTTKRP_FIT``), TTM steps on
-numpy's BLAS (in pieces: faster than MKL here), other GEMMs on MKL;
-``DEINSUM_GEMM=numpy`` in the environment keeps MKL and the streaming kernels out.
+name says "streamed", for C-ordered blocks). Others run on Intel MKL where installed
+(float32/64) or on numpy's BLAS: MTTKRP GEMMs on the library the cost model picks with
+its variant (constants per library: ``_MTTKRP_FIT``), TTM steps on numpy's BLAS (in
+pieces: faster than MKL here), other GEMMs on MKL. ``DEINSUM_GEMM=numpy`` in the
+environment keeps MKL and the streaming kernels out.
 
 Results may be transposed views: a consumer reads a block stored in any axis
 order without a copy (``contract_group`` relabels it). Peak memory stays within
@@ -110,19 +111,22 @@ def _stream_kernels():
     except (ImportError, ValueError):   # pragma: no cover - depends on the environment
         return None
     folders = list(spec.submodule_search_locations or []) if spec else []
-    libs = [f for d in folders for f in glob.glob(os.path.join(d, "codegen", "_stream*.so"))]
-    if not libs:
-        return None
     i, p = ctypes.c_long, ctypes.c_void_p
-    try:
-        lib = ctypes.CDLL(libs[0])
-        if not lib.stream_supported():
-            return None
-        lib.stream_rows.argtypes = [i] * 4 + [p, i, i, p, i, p, i, i, p]
-        lib.stream_cols.argtypes = [i] * 4 + [p, p, i, i, p, i, i, p]
-    except (OSError, AttributeError):   # pragma: no cover - a broken build
-        return None
-    return lib.stream_rows, lib.stream_cols
+    for path in sorted(f for d in folders for f in glob.glob(os.path.join(d, "codegen", "_stream*.so"))):
+        try:   # a build of this interface (an older one left in place, e.g. by an editable install, is skipped)
+            lib = ctypes.CDLL(path)
+            if lib.stream_abi() != _STREAM_ABI or not lib.stream_supported():
+                continue
+            lib.stream_rows.argtypes = [i] * 4 + [p, i, i, p, i, p, i, i, p]
+            lib.stream_cols.argtypes = [i] * 4 + [p, p, i, i, p, i, i, p]
+        except (OSError, AttributeError):   # pragma: no cover - a broken build
+            continue
+        return lib.stream_rows, lib.stream_cols
+    return None
+
+
+#: The interface of ``_stream.c`` this file calls (its ``stream_abi()``).
+_STREAM_ABI = 2
 
 
 #: deinsum's streaming GEMMs (float64), or None: see ``_streamed``.
@@ -344,24 +348,32 @@ def _streamed(a, b, batch):
     """
     (m, k), n = a.shape[-2:], b.shape[-1]
     kind = _stream_kind(_prod(batch), m, k, n, a.ndim > 2, b.ndim > 2)
-    rows, cols = _STREAM or (None, None)
     if kind == "rows":
         view = _cblas_view(np.broadcast_to(a, batch + (m, k)))
         if view is not None and view[0] == 111:
             w = b if b.strides[-1] == 8 and b.strides[0] % 8 == 0 and b.strides[0] >= 8 * n else np.ascontiguousarray(b)
             res = np.empty(batch + (m, n))
-            rows(_prod(batch), m, n, k, a.ctypes.data, view[1], view[2], w.ctypes.data, w.strides[0] // 8,
-                 res.ctypes.data, n, m * n, None)
+            _checked(_STREAM[0](_prod(batch), m, n, k, a.ctypes.data, view[1], view[2], w.ctypes.data,
+                                w.strides[0] // 8, res.ctypes.data, n, m * n, None), m, n)
             return res
     if kind == "cols":
         view = _cblas_view(np.broadcast_to(b, batch + (k, n)))
         if view is not None and view[0] == 111:
             at = np.ascontiguousarray(a.T)
             res = np.empty(batch + (m, n))
-            cols(_prod(batch), m, n, k, at.ctypes.data, b.ctypes.data, view[1], view[2], res.ctypes.data, n, m * n,
-                 None)
+            _checked(_STREAM[1](_prod(batch), m, n, k, at.ctypes.data, b.ctypes.data, view[1], view[2],
+                                res.ctypes.data, n, m * n, None), m, n)
             return res
     return None
+
+
+def _checked(status, m, n):
+    """Raise on a streaming kernel's error status (1: no memory for its scratch block; 2: a shape it does
+    not take, which the routing never passes)."""
+    if status == 1:
+        raise MemoryError(f"the streaming kernel's scratch block of {m} x {n} words")
+    if status:
+        raise ValueError(f"the streaming kernels refused a GEMM whose result is {m} x {n}")
 
 
 def _stream_kind(nbatch, m, k, n, a_batched, b_batched):
@@ -371,7 +383,7 @@ def _stream_kind(nbatch, m, k, n, a_batched, b_batched):
     >>> _stream_kind(1, 65536, 256, 24, False, False) == ("rows" if _STREAM else None)
     True
     """
-    if _STREAM is None or nbatch * m * k * n < _STREAM_WORK or k == 0:
+    if _STREAM is None or nbatch * m * k * n < max(1, _STREAM_WORK):    # (never an empty GEMM)
         return None
     a_wide = a_batched or (not b_batched and m >= n)     # the batched operand, or the larger one
     if a_wide and not b_batched and n <= _STREAM_NARROW and k * n * 8 <= _L2_BYTES // 2:
@@ -545,11 +557,7 @@ def _mttkrp_strategy(subs, out, sizes, mkl, itemsize, stream):
         if best is None or seconds < best[0]:
             best = (seconds, s, e, orient, block, on_mkl)
     _, s, e, orient, block, on_mkl = best
-    a, k, b = _prod(dims[:s]), _prod(dims[s:e]), _prod(dims[e:])
-    if orient == "rows" and e == len(sx):          # X (a x k) @ KR, X's rows in place
-        streamed = _stream_kind(1, a, k, block, False, False) == "rows"
-    else:                                          # KR^T @ X (a batches of k x b) over middle modes
-        streamed = orient == "cols" and 0 < s and e < len(sx) and _stream_kind(a, block, k, b, False, True) == "cols"
+    streamed = _variant_streams(dims, s, e, orient, block)
     hadamard = [c for c in sx if c in modes and c not in sx[s:e]]
     name = (f"MTTKRP to ({','.join(free)}): GEMM over ({','.join(sx[s:e])}) "
             f"{'X^T KR' if orient == 'rows' else 'KR^T X'}")
@@ -562,6 +570,24 @@ def _mttkrp_strategy(subs, out, sizes, mkl, itemsize, stream):
     if block < nr:
         name += f", rank columns in blocks of {block}"
     return "mttkrp", name, (x, r, (s, e, orient, block, on_mkl))
+
+
+def _variant_streams(dims, s, e, orient, block):
+    """Whether the GEMM ``_run_mttkrp`` makes for this variant (X C-ordered) runs on the streaming kernels:
+    ``_streamed`` takes it where ``_stream_kind`` names the kernel whose wide operand has unit-stride rows.
+
+    >>> _variant_streams((256, 256, 256), 2, 3, "rows", 24) == bool(_STREAM)
+    True
+    """
+    n = len(dims)
+    a, k, b = _prod(dims[:s]), _prod(dims[s:e]), _prod(dims[e:])
+    if orient == "rows" and e == n:     # X (a x k) @ KR: both operands' rows in place
+        return _stream_kind(1, a, k, block, False, False) is not None
+    if orient == "cols" and s == 0:     # KR^T (its rows strided) @ X (k x b)
+        return _stream_kind(1, block, k, b, False, False) == "cols"
+    if orient == "cols" and e < n:      # KR^T @ X (a batches of k x b)
+        return _stream_kind(a, block, k, b, False, True) == "cols"
+    return False                        # X's rows strided: X^T KR over leading or middle modes, KR^T X over trailing
 
 
 def _mttkrp_variants(ndim, axes):
@@ -606,7 +632,7 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
              and _fusion(dims, s, e, orient, rest, block))       # (CPU blocks only)
     for r0 in range(0, nr, block):
         cols = slice(r0, min(nr, r0 + block))
-        kr = _khatri_rao([factors[q][:, cols] for q in range(s, e)])
+        kr = xp.ascontiguousarray(_khatri_rao([factors[q][:, cols] for q in range(s, e)]))   # (small)
         if fused:
             h = _khatri_rao([factors[q][:, cols] for q in rest])
             res[..., cols] = _run_fused(fused, xb, s, e, rest, kr, h).reshape(res[..., cols].shape)
@@ -649,10 +675,10 @@ def _fusion(dims, s, e, orient, rest, block):
     n = len(dims)
     if not rest or rest != list(range(len(rest))):
         return None
-    g, k = _prod(dims[:len(rest)]), _prod(dims[s:e])
-    if orient == "rows" and e == n and _stream_kind(g, _prod(dims[len(rest):s]), k, block, True, False) == "rows":
+    g, k, free_rows, free_cols = _prod(dims[:len(rest)]), _prod(dims[s:e]), _prod(dims[len(rest):s]), _prod(dims[e:])
+    if orient == "rows" and e == n and _stream_kind(g, free_rows, k, block, True, False) == "rows":
         return "rows"
-    if orient == "cols" and s == len(rest) and e < n and _stream_kind(g, block, k, _prod(dims[e:]), False, True) == "cols":
+    if orient == "cols" and s == len(rest) and e < n and _stream_kind(g, block, k, free_cols, False, True) == "cols":
         return "cols"
     return None
 
@@ -661,17 +687,17 @@ def _run_fused(kind, xb, s, e, rest, kr, h):
     """The fused pass of ``_fusion``'s ``kind`` on a C-ordered float64 X: (free modes x rank columns)."""
     dims, nr = xb.shape, kr.shape[1]
     g, k = _prod(dims[:len(rest)]), _prod(dims[s:e])
-    rows, cols = _STREAM
     kr, h = np.ascontiguousarray(kr), np.ascontiguousarray(h)
     if kind == "rows":
         f = _prod(dims[len(rest):s])
         out = np.zeros((f, nr))
-        if rows(g, f, nr, k, xb.ctypes.data, k, f * k, kr.ctypes.data, nr, out.ctypes.data, nr, 0, h.ctypes.data):
-            raise MemoryError(f"the streaming kernel's scratch block of {f} x {nr} words")
+        _checked(_STREAM[0](g, f, nr, k, xb.ctypes.data, k, f * k, kr.ctypes.data, nr, out.ctypes.data, nr, 0,
+                            h.ctypes.data), f, nr)
         return out
     f = _prod(dims[e:])
     out = np.zeros((nr, f))
-    cols(g, nr, f, k, kr.ctypes.data, xb.ctypes.data, f, k * f, out.ctypes.data, f, 0, h.ctypes.data)
+    _checked(_STREAM[1](g, nr, f, k, kr.ctypes.data, xb.ctypes.data, f, k * f, out.ctypes.data, f, 0, h.ctypes.data),
+             nr, f)
     return out.T
 
 
