@@ -22,10 +22,12 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
     """Compile ``equation`` into a :class:`~deinsum.program.Program`.
 
     With ``shapes`` it plans concretely; without, it is parametric and plans (and
-    caches) per distinct shapes and number of ranks at call time. ``memory`` is
-    the local memory per rank in elements (for the SOAP bounds). ``inputs`` says
-    where operands start ('global' on every rank, 'root' on rank 0, 'local'
-    blocks); ``result`` where the result ends ('all', 'root', 'distributed').
+    caches) per distinct shapes and number of ranks at call time; ``nprocs`` fixes
+    the number of ranks for plans, reports and scripts (a call on another number is
+    an error). ``memory`` is the local memory per rank in elements (for the SOAP
+    bounds). ``inputs`` says where operands start ('global' on every rank, 'root'
+    on rank 0, 'local' blocks); ``result`` where the result ends ('all', 'root',
+    'distributed').
     The defaults, global and all, are those of every entry point (calls, plans,
     reports, emitted scripts and the command line) unless one is given.
     ``threads='auto'`` pins BLAS threads at the first run so that ranks per node

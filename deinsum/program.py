@@ -276,6 +276,8 @@ class Program:
         pins = pin_names(pins)
         facts, failure, shapes, dtype = self._facts(arrays, comm, inputs, result, pins, bool(held))
         agree(comm, facts, bad_comm or failure, DeinsumError)
+        if self.nprocs is not None and self.nprocs != comm.size:      # (the same on every rank)
+            raise DeinsumError(f"compiled for nprocs={self.nprocs}, called on {comm.size} rank(s)")
         if inputs == "root":   # the other ranks learn rank 0's shapes and dtype
             shapes, dtype = comm.bcast((shapes, dtype), root=0)
         blocks = [a.local if isinstance(a, DistributedArray) else a for a in arrays]

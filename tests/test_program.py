@@ -88,6 +88,8 @@ def test_plan_is_pure_for_any_p():
     (lambda: deinsum.compile("ij,jk->ik", layouts={"out": "even"}, result="root")(np.ones((2, 3)), np.ones((3, 4))),
      "pass result='distributed', not 'root'"),
     (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).input_blocks(9, 2), "input_blocks: rank 9 is not a rank of 2"),
+    (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4), nprocs=2)(np.ones((2, 3)), np.ones((3, 4))),
+     "compiled for nprocs=2, called on 1 rank(s)"),
     (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).input_blocks(-1, 2), "rank -1 is not a rank of 2"),
     (lambda: deinsum.compile("ij,jk->ik", inputs="root")(np.ones((2, 3)), None),
      "operand 1 is None: with inputs='root' rank 0 passes the whole arrays"),
