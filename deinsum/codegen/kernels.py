@@ -351,10 +351,11 @@ def _streamed(a, b, batch):
     if kind == "rows":
         view = _cblas_view(np.broadcast_to(a, batch + (m, k)))
         if view is not None and view[0] == 111:
-            w = b if b.strides[-1] == 8 and b.strides[0] % 8 == 0 and b.strides[0] >= 8 * n else np.ascontiguousarray(b)
+            w_view = _cblas_view(b)        # W read in place where its rows are, else a contiguous copy
+            w, ldw = (b, w_view[1]) if w_view is not None and w_view[0] == 111 else (np.ascontiguousarray(b), n)
             res = np.empty(batch + (m, n))
-            _checked(_STREAM[0](_prod(batch), m, n, k, a.ctypes.data, view[1], view[2], w.ctypes.data,
-                                w.strides[0] // 8, res.ctypes.data, n, m * n, None), m, n)
+            _checked(_STREAM[0](_prod(batch), m, n, k, a.ctypes.data, view[1], view[2], w.ctypes.data, ldw,
+                                res.ctypes.data, n, m * n, None), m, n)
             return res
     if kind == "cols":
         view = _cblas_view(np.broadcast_to(b, batch + (k, n)))
@@ -684,10 +685,11 @@ def _fusion(dims, s, e, orient, rest, block):
 
 
 def _run_fused(kind, xb, s, e, rest, kr, h):
-    """The fused pass of ``_fusion``'s ``kind`` on a C-ordered float64 X: (free modes x rank columns)."""
+    """The fused pass of ``_fusion``'s ``kind`` on a C-ordered float64 X and a C-ordered Khatri-Rao block
+    ``kr``: (free modes x rank columns)."""
     dims, nr = xb.shape, kr.shape[1]
     g, k = _prod(dims[:len(rest)]), _prod(dims[s:e])
-    kr, h = np.ascontiguousarray(kr), np.ascontiguousarray(h)
+    h = np.ascontiguousarray(h)
     if kind == "rows":
         f = _prod(dims[len(rest):s])
         out = np.zeros((f, nr))
@@ -764,8 +766,11 @@ def _ttm_strategy(subs, out, sizes, stream):
     name = "TTM chain: " + ", ".join(f"{m} ({k})" for (m, _, _), k in zip(order, kinds))
     if rows:
         name += f"; in slabs of {rows} {sx[0]}"
+    # as _ttm_chain calls _matmul: "middle" U^T (rows strided) @ T batches, "last" and "moved last" T @ U with
+    # both operands' rows in place, "first" T^T (rows strided) @ U
     streamed = [m for (m, _, _), kind, (gm, gk, gn, nb) in zip(order, kinds, gemms) if stream and kind != "first"
-                and _stream_kind(nb, gm, gk, gn, False, kind == "middle") == ("cols" if kind == "middle" else "rows")]
+                and (_stream_kind(nb, gm, gk, gn, False, True) == "cols" if kind == "middle"
+                     else _stream_kind(nb, gm, gk, gn, False, False) is not None)]
     if streamed:
         name += f"; streamed GEMMs: {', '.join(streamed)}"
     if any(m * k * n > _SMALL_GEMM and min(m, n) <= _NARROW for (m, k, n, _), (mode, _, _) in zip(gemms, order)
