@@ -68,7 +68,7 @@ def gemms(request, monkeypatch):
             pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
         monkeypatch.setattr(K, "_STREAM", tuple(
             (lambda f, kind: lambda *args: calls.append((kind, args[-1] is not None)) or f(*args))(f, kind)
-            for f, kind in zip(K._STREAM, ("rows", "cols"))))
+            for f, kind in zip(K._STREAM, ("rows", "cols", "chain"))))
         monkeypatch.setattr(K, "_STREAM_WORK", 0)
     K._strategy.cache_clear()       # strategy names say which GEMMs stream
     yield calls
@@ -223,7 +223,7 @@ def test_streaming_kernels_equal_numpy_and_take_only_what_they_can_read(monkeypa
         pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
     calls = []
     monkeypatch.setattr(K, "_STREAM", tuple((lambda f, kind: lambda *args: calls.append(kind) or f(*args))(f, kind)
-                                            for f, kind in zip(K._STREAM, ("rows", "cols"))))
+                                            for f, kind in zip(K._STREAM, ("rows", "cols", "chain"))))
     monkeypatch.setattr(K, "_STREAM_WORK", 0)
     rng = np.random.default_rng(0)
     mats = lambda *shape: rng.standard_normal(shape)
@@ -247,6 +247,53 @@ def test_streaming_kernels_equal_numpy_and_take_only_what_they_can_read(monkeypa
         assert calls[before:] == ([kind] if kind else []), (a.shape, a.strides, b.shape, b.strides, kind)
 
 
+def test_streamed_ttm_chains_equal_numpy(monkeypatch):
+    """Random TTM chains (orders 3 to 5, sides 1..40 against new sides 1..33, factors in either orientation,
+    any output order, X's first axis kept or contracted) on ``ttm_chain``: every register-tile tail of
+    its mode products (columns and rows) and every order; a new side over 32 and a strided X (run step by
+    step instead) too."""
+    if K._STREAM is None:
+        pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
+    calls = []
+    chain = K._STREAM[2]
+    monkeypatch.setattr(K, "_STREAM", K._STREAM[:2] + ((lambda *args: calls.append(args[1]) or chain(*args)),))
+    monkeypatch.setattr(K, "_STREAM_WORK", 0)
+    K._strategy.cache_clear()
+    rng, count = np.random.default_rng(1), 0
+    try:
+        for case in range(150):
+            order = int(rng.integers(3, 6))
+            modes = "ijklm"[:order]
+            sizes = {c: int(rng.choice([1, 2, 7, 8, 9, 17, 24, 25, 40])) for c in modes}
+            contracted = [c for c in modes if rng.random() < 0.6] or [modes[-1]]
+            news = dict(zip(contracted, "bcdef"))
+            sizes.update({w: int(rng.choice([1, 3, 8, 9, 16, 24, 31, 32, 33])) for w in news.values()})
+            if np.prod([max(sizes[c], sizes.get(news.get(c), 0)) for c in modes]) > 300_000:
+                continue                                # (every intermediate within _SLAB: streamed)
+            factors = [c + news[c] if rng.random() < 0.5 else news[c] + c for c in contracted]
+            out = "".join(rng.permutation([c for c in modes if c not in news] + list(news.values())))
+            eq = modes + "," + ",".join(factors) + "->" + out
+            subs = [modes] + factors
+            ops = operands(eq, sizes, np.float64, seed=case)
+            if case % 10 == 0:                          # a strided X: step by step on BLAS
+                ops[0] = operands(eq, {c: 2 * n for c, n in sizes.items()}, np.float64, case)[0][
+                    tuple(slice(None, n) for n in ops[0].shape)]
+            name, before = group_strategy(subs, out, [o.shape for o in ops]), len(calls)
+            res, ref = contract_group(subs, out, *ops), np.einsum(eq, *ops, optimize=True)
+            assert res.shape == ref.shape and res.dtype == ref.dtype
+            np.testing.assert_allclose(res, ref, rtol=1e-10, atol=1e-10 * max(1.0, float(np.abs(ref).max(initial=0))))
+            streamed = "one streamed pass" in name
+            assert not streamed or max(sizes[w] for w in news.values()) <= 32, (eq, sizes, name)
+            assert len(calls) - before == (streamed and case % 10 != 0), (eq, sizes, name)
+            assert name.endswith(f", {modes[0]} by {modes[0]}") == (streamed and modes[0] not in news and sizes[modes[0]] > 1)
+            count += streamed
+        assert count >= 60
+        # a mode product over 2..7 trailing elements in every order: step by step (BLAS was faster)
+        assert group_strategy(["ijk", "jb"], "ibk", [(2000, 600, 3), (600, 24)]) == "TTM chain: j (middle); streamed GEMMs: j"
+    finally:
+        K._strategy.cache_clear()
+
+
 def test_streaming_kernels_refuse_what_they_cannot_compute(monkeypatch):
     """No empty GEMM reaches them, they refuse a result wider than 32 columns (rows) or empty (status 2,
     nothing written), and a build of another interface (one an editable install left behind) is not used."""
@@ -258,8 +305,12 @@ def test_streaming_kernels_refuse_what_they_cannot_compute(monkeypatch):
     assert K._STREAM[0](1, 4, 0, 3, x.ctypes.data, 3, 0, w.ctypes.data, 40, t.ctypes.data, 0, 0, None) == 2
     assert K._STREAM[0](1, 1, 33, 3, x.ctypes.data, 3, 0, w.ctypes.data, 40, t.ctypes.data, 33, 0, None) == 2
     assert K._STREAM[1](1, 0, 4, 3, w.ctypes.data, x.ctypes.data, 3, 0, t.ctypes.data, 4, 0, None) == 2
+    dims, mats = np.array([1, 3, 4, 2, 1, 6, 1, 2], dtype=np.int64), np.array([w.ctypes.data] * 2, dtype=np.uintp)
+    assert K._STREAM[2](1, 2, dims.ctypes.data, mats.ctypes.data, x.ctypes.data, 12, t.ctypes.data, 4) == 2   # 8 != 6
+    dims[5] = 0
+    assert K._STREAM[2](1, 2, dims.ctypes.data, mats.ctypes.data, x.ctypes.data, 12, t.ctypes.data, 4) == 2   # empty
     assert (t == 7.0).all()
-    with pytest.raises(ValueError, match="refused a GEMM whose result is 1 x 33"):
+    with pytest.raises(ValueError, match="refused a product whose result is 1 x 33"):
         K._checked(2, 1, 33)
     monkeypatch.setattr(K, "_STREAM_ABI", K._STREAM_ABI + 1)
     assert K._stream_kernels() is None
@@ -424,10 +475,14 @@ def test_peak_memory_within_1_5x_of_inputs_and_output(eq, sizes):
 
 
 def test_large_ttm_chain_runs_in_slabs():
+    """On BLAS (float32 here) slab by slab; float64 in one streamed pass, i by i, where the kernels are built."""
     eq, sizes = TTMC[0], dict(i=8, j=24, k=24, l=24, m=24, b=8, c=8, d=8, e=8)
     subs, out = split(eq)
-    assert group_strategy(subs, out, [[sizes[c] for c in t] for t in subs]).split("; ")[1:] == [
+    shapes = [[sizes[c] for c in t] for t in subs]
+    assert group_strategy(subs, out, shapes, np.float32).split("; ")[1:] == [
         "in slabs of 3 i", "narrow GEMMs in pieces of <= 1e6 multiply-adds (float)"]
+    assert group_strategy(subs, out, shapes) == ("TTM chain: j, k, l, m in one streamed pass, i by i" if K._STREAM
+                                                 else group_strategy(subs, out, shapes, np.float32))
 
 
 def test_large_rank_is_blocked():
