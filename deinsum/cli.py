@@ -96,6 +96,8 @@ def parse_layouts(options: list[str]) -> dict[str, str]:
 
 
 def cmd_bound(args) -> int:
+    if args.layout and not (args.size and args.nprocs):
+        raise DeinsumError("--layout needs --size and -P: a pinned layout enters only the bounds of a plan")
     prog = _program(args)
     print(prog.report("latex" if args.latex else "json" if args.json else "text", nprocs=args.nprocs))
     return 0

@@ -330,6 +330,20 @@ def pin_names(layouts: Mapping | None) -> tuple[tuple[str, object], ...]:
     return tuple(sorted(named.items()))
 
 
+def check_pins(d: Decomposition, pins: Mapping) -> None:
+    """DeinsumError unless every pinned name (see :func:`pin_names`) is a tensor of ``d``.
+
+    >>> from deinsum.decompose import decompose
+    >>> check_pins(decompose("ij,jk->ik"), {"in2": "even"})
+    Traceback (most recent call last):
+    deinsum.errors.DeinsumError: layouts: 'in2' is not a tensor of 'ij,jk->ik' (expected one of in0, in1, out)
+    """
+    names = [*d.input_names, "out"]
+    for key in pins:
+        if key not in names:
+            raise DeinsumError(f"layouts: {key!r} is not a tensor of {d.equation!r} (expected one of {', '.join(names)})")
+
+
 def pin_layout(spec, shape: tuple[int, ...], nprocs: int, what: str) -> Layout:
     """A pinned layout: a :class:`Layout`, a mode name (``"even"``, ``"replicated"``, ``"root"``) or the
     short text ``"GRID: AXIS, ..."`` (grid extents joined by ``x``; per tensor axis the grid dimension
@@ -549,11 +563,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     dtype = np.dtype(dtype)
     memory = default_memory(nprocs, dtype.itemsize) if memory is None else int(memory)
     pins = dict(pin_names(layouts))
-    names = {**{n: s for n, s in zip(d.input_names, d.input_subscripts)}, "out": d.output}
-    for key in pins:
-        if key not in names:
-            raise DeinsumError(f"layouts: {key!r} is not a tensor of {d.equation!r} "
-                               f"(expected one of {', '.join(names)})")
+    check_pins(d, pins)
     if d.prepass and (inputs == "local" or set(pins) & {s.operands[0] for s in d.prepass}):
         raise DeinsumError(f"{d.prepass_reason()}: a pre-pass on whole arrays; pass whole arrays (inputs='global' "
                            f"or 'root'), not local blocks, DistributedArrays or pinned layouts")

@@ -27,7 +27,7 @@ from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
 from .errors import DeinsumError, as_dtype, check_choice
 from .footprint import check_footprint, footprint
-from .plan import INPUT_MODES, RESULT_MODES, Plan, build_plan, pin_names
+from .plan import INPUT_MODES, RESULT_MODES, Plan, build_plan, check_pins, pin_names
 from .schedule import Move
 from .soap import analyze
 
@@ -168,6 +168,8 @@ class Program:
         self.decomposition: Decomposition | None = (
             decompose(self.equation, *self.shapes) if self.shapes is not None
             else None if "..." in self.equation else decompose(self.equation))
+        if self.decomposition is not None:   # (with '...': at the call, as the rest of the plan)
+            check_pins(self.decomposition, dict(pin_names(self.layouts)))
 
     # ---- planning and reports (pure, no MPI) ---------------------------------------------------
     def plan(self, shapes: Sequence[Sequence[int]] | None = None, nprocs: int | None = None, dtype=None,

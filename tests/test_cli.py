@@ -85,6 +85,9 @@ def test_an_equation_starting_with_an_arrow_is_not_an_option():
     (["plan", "ij,jk->ik", "--size", "i=2,j=3,k=4", "-P", "2", "--layout", "out=even"],
      "pass result='distributed', not 'all'"),
     (["plan", "ij->i", "-P", "2"], "plan needs sizes"),
+    (["bound", MTTKRP, "--layout", "0=even"], "--layout needs --size and -P"),
+    (["bound", MTTKRP, "--size", SIZES, "--layout", "0=even"], "--layout needs --size and -P"),
+    (["bound", MTTKRP, "--layout", "7=even", "--size", SIZES, "-P", "2"], "'in7' is not a tensor of"),
     (["nonsense"], "invalid choice"),
 ])
 def test_errors_are_one_line_exit_2(args, message):

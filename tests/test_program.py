@@ -102,6 +102,7 @@ def test_plan_is_pure_for_any_p():
      None),
     (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).report("pdf"), "report format 'pdf'"),
     (lambda: deinsum.compile(["ij"]), "must be a string"),
+    (lambda: deinsum.compile("ij,jk->ik", layouts={2: "even"}), "layouts: 'in2' is not a tensor of 'ij,jk->ik'"),
 ])
 def test_errors_are_one_line_deinsum_errors(call, message):
     if message is None:  # a correct call: local blocks at P = 1 are the whole arrays
