@@ -27,6 +27,7 @@ from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
 from .errors import DeinsumError, as_dtype, check_choice
 from .footprint import check_footprint, footprint
+from .layout import check_count
 from .plan import INPUT_MODES, RESULT_MODES, Plan, build_plan, check_pins, pin_names
 from .schedule import Move
 from .soap import analyze
@@ -158,9 +159,8 @@ class Program:
         for option, choices in [("casting", CASTINGS), ("device", ("cpu", "gpu")), ("inputs", INPUT_MODES),
                                 ("result", RESULT_MODES), ("threads", ("auto", None))]:
             check_choice(option, getattr(self, option), choices)
-        if self.memory is not None and (isinstance(self.memory, bool) or not isinstance(self.memory, (int, np.integer))
-                                        or self.memory < 1):
-            raise DeinsumError(f"memory={self.memory!r}: expected a positive integer (elements per rank)")
+        if self.memory is not None:
+            check_count(self.memory, "memory (elements per rank)", 1)
         pin_names(self.layouts)   # a dict of tensor names (or operand numbers) to layouts
         if not isinstance(self.equation, str):
             raise DeinsumError(f"the einsum equation must be a string, not {type(self.equation).__name__}")
