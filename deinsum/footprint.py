@@ -1,4 +1,4 @@
-"""Each rank's peak memory footprint of a Plan, and the refusal of plans that do not fit.
+"""Each rank's peak memory footprint of a Plan (``deinsum.program.check_footprint`` refuses plans that do not fit).
 
 The footprint is an upper bound of what the program (``run_program``, in process
 or emitted) holds at once on a rank, in bytes:
@@ -19,10 +19,6 @@ It reads only the plan's decomposition, dtype, entry layouts, groups and moves.
 >>> plan = deinsum.compile("i,j->ij", (1000,), (1000,)).plan(nprocs=2, inputs="global", result="all")
 >>> int(footprint(plan).max()) >= 1000 * 1000 * 8      # the whole result on every rank
 True
->>> check_footprint(plan, limit=10**6)
-Traceback (most recent call last):
-...
-deinsum.errors.DeinsumError: the plan of 'i,j->ij' on 2 rank(s) needs 13,080,576 bytes per rank at its peak (rank 0) but 1,000,000 bytes are available per rank; use more ranks, or less replication (inputs/result 'local'/'distributed'), or raise the memory limit
 """
 from __future__ import annotations
 
@@ -30,8 +26,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from .codegen.checks import check_memory
-from .errors import DeinsumError
 
 
 #: Bytes on top of the arrays: numpy ufunc buffers and the Python objects of one call.
@@ -86,14 +80,3 @@ def footprint(plan) -> np.ndarray:
     """Peak bytes per rank (an upper bound; see the module docstring), as an int64 array (cached: do not
     modify it)."""
     return peak_bytes(footprint_terms(plan), np.arange(plan.nprocs), plan.dtype.itemsize)
-
-
-def check_footprint(plan, limit: int | None = None) -> None:
-    """Raise a one-line DeinsumError if some rank's peak footprint exceeds ``limit`` bytes per rank
-    (default: the plan's ``memory`` words, itself by default :func:`deinsum.plan.default_memory`),
-    before anything is allocated."""
-    limit = plan.memory * plan.dtype.itemsize if limit is None else int(limit)
-    need = footprint(plan)
-    rank = int(np.argmax(need))
-    check_memory(int(need[rank]), limit, f"the plan of {plan.equation!r} on {plan.nprocs} rank(s)", rank,
-                 DeinsumError)

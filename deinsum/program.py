@@ -17,8 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .codegen.checks import agree, check_cast, check_output_path, collectively, node_place, unanimous
-from .codegen.checks import write_atomically
+from .codegen.checks import agree, check_cast, check_memory, check_output_path, collectively, node_place
+from .codegen.checks import unanimous, write_atomically
 from .codegen.emit import generate
 from .codegen.gpu import is_device_array, open_device
 from .codegen.kernels import contract_pair, gemm_library, group_strategy, unary
@@ -26,7 +26,7 @@ from .codegen.runtime import Runtime, pin_blas_threads
 from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
 from .errors import DeinsumError, as_dtype, check_choice
-from .footprint import check_footprint, footprint
+from .footprint import footprint
 from .layout import check_count
 from .plan import INPUT_MODES, RESULT_MODES, Plan, build_plan, check_pins, pin_names
 from .schedule import Move
@@ -414,6 +414,24 @@ class Program:
                                        f"{want if want is not None else '(none)'} (see Program.input_blocks), "
                                        f"not {None if a is None else a.shape}")
         return plan, operands
+
+
+def check_footprint(plan, limit: int | None = None) -> None:
+    """Raise a one-line DeinsumError if some rank's peak footprint exceeds ``limit`` bytes per rank
+    (default: the plan's ``memory`` words, itself by default :func:`deinsum.plan.default_memory`),
+    before anything is allocated.
+
+    >>> import deinsum
+    >>> check_footprint(deinsum.compile("i,j->ij", (1000,), (1000,)).plan(nprocs=2), limit=10**6)
+    Traceback (most recent call last):
+    ...
+    deinsum.errors.DeinsumError: the plan of 'i,j->ij' on 2 rank(s) needs 13,080,576 bytes per rank at its peak (rank 0) but 1,000,000 bytes are available per rank; use more ranks, or less replication (inputs/result 'local'/'distributed'), or raise the memory limit
+    """
+    limit = plan.memory * plan.dtype.itemsize if limit is None else int(limit)
+    need = footprint(plan)
+    rank = int(np.argmax(need))
+    check_memory(int(need[rank]), limit, f"the plan of {plan.equation!r} on {plan.nprocs} rank(s)", rank,
+                 DeinsumError)
 
 
 def local_kernels(plan: Plan, rank: int = 0, device: str = "cpu") -> list[str]:

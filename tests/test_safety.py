@@ -12,7 +12,8 @@ import pytest
 import deinsum
 from deinsum.cli import main
 from deinsum.codegen import checks
-from deinsum.footprint import check_footprint, footprint
+from deinsum.footprint import footprint
+from deinsum.program import check_footprint
 
 CLI = [sys.executable, "-m", "deinsum.cli"]
 
