@@ -55,6 +55,7 @@ PARTIAL = {  # the groups the planner makes of MTTKRP-O5 (partial MTTKRP, then a
     "partial": ("ja,ka,ijklm->ilma", dict(i=5, j=4, k=3, l=4, m=2, a=3)),
     "hadamard": ("la,ma,ilma->ia", dict(i=5, l=4, m=2, a=3)),
     "two-free": ("ijkl,ia,ka->ajl", dict(i=5, j=4, k=3, l=4, a=3)),
+    "wide": ("ijk,ia,ja->ka", dict(i=3, j=5, k=45, a=3)),      # the fused KR^T X pass over 45 > 32 columns
 }
 
 
@@ -102,7 +103,7 @@ def test_mttkrp_every_variant_equals_numpy(name, dtype, gemms):
                 assert bool(gemms[before:]) == streams, (s, e, orient, block, gemms[before:])   # what names say runs
     fused = {kind for kind, weighted in gemms if weighted}   # GEMM and Hadamard-sum in one pass
     expected = {"O3-M1": {"rows"}, "O3-M2": {"cols"}, "O5-M1": {"rows"}, "O5-M2": {"rows"}, "O5-M3": {"rows"},
-                "O5-M4": {"cols"}}.get(name, set())
+                "O5-M4": {"cols"}, "wide": {"cols"}}.get(name, set())
     assert fused == (expected if dtype == np.float64 and K._STREAM_WORK == 0 else set()), (name, gemms)
 
 

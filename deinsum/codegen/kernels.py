@@ -274,7 +274,8 @@ _ELEM = 1.2e-9        # per element of an elementwise pass (Khatri-Rao, Hadamard
 #: middle ones (its other speeds, 0.1, are set: never the pick).
 _MTTKRP_FIT = {False: (4.0, 6.0, 24.0, 0.5, 0.5, 0.5, 0.7, 1.0, 1.0),
                True: (16.0, 64.0, 8.0, 3.0, 0.1, 0.1, 0.1, 3.0, 0.1)}
-#: Bytes in one core's L2 cache here (2 MiB).
+#: Bytes in one core's L1 data and L2 caches here (48 KiB, 2 MiB).
+_L1_BYTES = 48 << 10
 _L2_BYTES = 2 << 20
 #: Elements of X per slab of a TTM chain run slab by slab (a few MiB: intermediates stay in cache).
 _SLAB = 1 << 20
@@ -671,7 +672,9 @@ def _fusion(dims, s, e, orient, rest, block):
     and the free ones sit next to the GEMM's; else None.
 
     * rows, X^T KR over trailing modes: X as (G, F, K): out (F, r) = sum_g (X[g] @ KR) * H[g];
-    * cols, KR^T X over middle modes: X as (G, K, F): out (r, F) = sum_g H[g] * (KR^T @ X[g]).
+    * cols, KR^T X over middle modes: X as (G, K, F): out (r, F) = sum_g H[g] * (KR^T @ X[g]), F of any
+      width where a column tile of X[g] (K x 24) stays in L1 while the rank rows re-read it (order 3,
+      256^3, R = 24, mode 2: 17.3 ms; on MKL, then the Hadamard-sum: 19.9).
 
     >>> _fusion((256, 256, 256), 2, 3, "rows", [0], 24) == ("rows" if _STREAM else None)
     True
@@ -682,7 +685,9 @@ def _fusion(dims, s, e, orient, rest, block):
     g, k, free_rows, free_cols = _prod(dims[:len(rest)]), _prod(dims[s:e]), _prod(dims[len(rest):s]), _prod(dims[e:])
     if orient == "rows" and e == n and _stream_kind(g, free_rows, k, block, True, False) == "rows":
         return "rows"
-    if orient == "cols" and s == len(rest) and e < n and _stream_kind(g, block, k, free_cols, False, True) == "cols":
+    wide_ok = free_cols <= _STREAM_NARROW or k * 24 * 8 <= _L1_BYTES    # (_stream_kind's "cols", any F)
+    if (orient == "cols" and s == len(rest) and e < n and _STREAM is not None and block <= _STREAM_NARROW and wide_ok
+            and g * block * k * free_cols >= max(1, _STREAM_WORK)):
         return "cols"
     return None
 
