@@ -96,8 +96,9 @@ def parse_layouts(options: list[str]) -> dict[str, str]:
 
 
 def cmd_bound(args) -> int:
-    if args.layout and not (args.size and args.nprocs):
-        raise DeinsumError("--layout needs --size and -P: a pinned layout enters only the bounds of a plan")
+    if args.layout and not ((args.size or not any(c.isalpha() for c in args.equation)) and args.nprocs):
+        raise DeinsumError("--layout needs --size and -P: a pinned layout matters only to the plan, which bound "
+                           "prints with --size and -P")
     prog = _program(args)
     print(prog.report("latex" if args.latex else "json" if args.json else "text", nprocs=args.nprocs))
     return 0

@@ -9,9 +9,12 @@ variant, the model's pick and its loss (pick / fastest - 1), and the sum of loss
 constants of ``deinsum.codegen.kernels._MTTKRP_FIT`` were fitted on this table. Every variant runs
 on each GEMM library here: numpy's BLAS, and Intel MKL where the `fast` extra installed it; deinsum's
 streaming kernels stay off (they take over the variants they can read, whatever the library, and the
-constants model the libraries).
+constants model the libraries). With ``--kernels`` they stay on: variants run as float64 blocks run them
+(on the streaming kernels, fused with the Hadamard-sum, where they can), next to the pick of the model
+with them (``_FUSED_RATE`` was fitted on that table).
 
     python scripts/bench_mttkrp_variants.py [--repeat 5] [--out bench-results/mttkrp-variants.md]
+    python scripts/bench_mttkrp_variants.py --kernels [--out bench-results/mttkrp-variants-kernels.md]
 """
 from __future__ import annotations
 
@@ -33,11 +36,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from deinsum.codegen import kernels as K  # noqa: E402
 
-K._STREAM = None     # the BLAS libraries only (see the docstring)
+#: Whether deinsum's streaming kernels run (``--kernels``; see the docstring).
+KERNELS = False
 
 #: (X's dims, R): the suite's orders 3 and 5, and shapes around them (in and out of cache, uneven, R = 8..48)
 SHAPES = [((256, 256, 256), 24), ((24,) * 5, 24), ((128, 128, 128), 16), ((32,) * 4, 32),
-          ((512, 64, 256), 24), ((16,) * 5, 48), ((64, 256, 512), 8)]
+          ((512, 64, 256), 24), ((16,) * 5, 48), ((64, 256, 512), 8), ((512, 64, 512), 16)]
 LABELS = "ijklm"
 #: Whether a variant's GEMMs run on MKL: both where the `fast` extra installed it.
 LIBRARIES = (False, True)[:1 + bool(K._GEMM)]
@@ -65,7 +69,8 @@ def measure(dims, nr, repeat, rng):
         ops = [x] + [f for q, f in enumerate(factors) if q != mode]
         out = sx[mode] + "a"
         axes = [q for q in range(len(dims)) if q != mode]
-        picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops), bool(K._GEMM))[2][2]   # + block, mkl
+        picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops), bool(K._GEMM), 8,
+                             KERNELS)[2][2]   # + block, mkl
         pick = picked[:3] + picked[4:]
         times = {}
         for (s, e, orient), mkl in itertools.product(K._mttkrp_variants(len(dims), axes), LIBRARIES):
@@ -78,17 +83,29 @@ def measure(dims, nr, repeat, rng):
     return rows
 
 
-def variant_name(dims, variant):
+def variant_name(dims, mode, variant, nr):
     s, e, orient, mkl = variant
-    return f"GEMM over ({','.join(LABELS[s:e])}) {'X^T KR' if orient == 'rows' else 'KR^T X'}" + " (MKL)" * mkl
+    name = f"GEMM over ({','.join(LABELS[s:e])}) {'X^T KR' if orient == 'rows' else 'KR^T X'}"
+    summed = [q for q in range(len(dims)) if q != mode and not s <= q < e]
+    if KERNELS and K._fusion(dims, s, e, orient, summed, nr):
+        return name + ", fused"          # (the same pass on either library)
+    return name + " (MKL)" * mkl
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "mttkrp-variants.md")
+    ap.add_argument("--kernels", action="store_true", help="deinsum's streaming kernels on (see the docstring)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default bench-results/mttkrp-variants.md (-kernels.md with --kernels)")
     ap.add_argument("--json", type=Path, help="also write every timing here (what the constants are fitted on)")
     args = ap.parse_args(argv)
+    global KERNELS
+    KERNELS = args.kernels
+    if not KERNELS:
+        K._STREAM = None     # the BLAS libraries only
+        K._strategy.cache_clear()
+    args.out = args.out or ROOT / "bench-results" / f"mttkrp-variants{'-kernels' * KERNELS}.md"
     rng = np.random.default_rng(0)
     lines = ["# MTTKRP variants: every GEMM variant timed, and the cost model's pick", "",
              f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.node()}, "
@@ -105,8 +122,8 @@ def main(argv=None) -> int:
                 loss = times[picked] / times[fastest] - 1
                 total += loss
                 lines.append(f"| {'x'.join(map(str, dims))} | {nr} | {LABELS[mode]} | {len(times)} | "
-                             f"{variant_name(dims, fastest)} ({1e3 * times[fastest]:.2f}) | "
-                             f"{variant_name(dims, picked)} ({1e3 * times[picked]:.2f}) | {100 * loss:.0f}% |")
+                             f"{variant_name(dims, mode, fastest, nr)} ({1e3 * times[fastest]:.2f}) | "
+                             f"{variant_name(dims, mode, picked, nr)} ({1e3 * times[picked]:.2f}) | {100 * loss:.0f}% |")
                 print(lines[-1], flush=True)
     lines += ["", f"Sum of losses: {total:.2f} (0 = the model picks the fastest variant everywhere)."]
     args.out.write_text("\n".join(lines) + "\n")

@@ -68,6 +68,7 @@ def test_pinned_input_is_planned_emitted_and_run(nprocs, inputs):
 def test_an_equation_starting_with_an_arrow_is_not_an_option():
     """numpy's 0-d einsum "->": every command takes it (it has no index to size)."""
     assert run("bound", "->").returncode == 0
+    assert run("bound", "->", "-P", "2", "--layout", "out=replicated", "--result", "distributed").returncode == 0
     res = run("plan", "->", "-P", "2")
     assert res.returncode == 0 and "deinsum plan for '->' on 2 rank(s)" in res.stdout, res.stderr
 

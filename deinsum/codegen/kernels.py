@@ -21,7 +21,8 @@ strategy a cost model finds; ``group_strategy`` names it:
   index, one Hadamard-sum pass;
 * ``TTM chain`` (X times one matrix per contracted mode): float64 with new
   sides of at most 32 on the streaming kernels, the whole chain in one pass
-  slab by slab of X's first axis (X read once, the later steps in cache);
+  slab by slab of X's first axis (X read once; a slab's intermediates stay
+  in cache where they fit);
   otherwise step by step: leading/trailing modes as one GEMM, middle modes
   as batched GEMMs (or moved last by a transposed copy), in the order with
   the lowest modeled cost; a large X slab by slab; on numpy's BLAS, GEMMs
@@ -274,6 +275,9 @@ _ELEM = 1.2e-9        # per element of an elementwise pass (Khatri-Rao, Hadamard
 #: middle ones (its other speeds, 0.1, are set: never the pick).
 _MTTKRP_FIT = {False: (4.0, 6.0, 24.0, 0.5, 0.5, 0.5, 0.7, 1.0, 1.0),
                True: (16.0, 64.0, 8.0, 3.0, 0.1, 0.1, 0.1, 3.0, 0.1)}
+#: Flop/s of the streaming kernels' fused MTTKRP passes (GEMM and Hadamard-sum), by kind, in the units of
+#: the fit above: fitted on scripts/bench_mttkrp_variants.py --kernels.
+_FUSED_RATE = {"rows": 6e10, "cols": 4.5e10}
 #: Bytes in one core's L1 data and L2 caches here (48 KiB, 2 MiB).
 _L1_BYTES = 48 << 10
 _L2_BYTES = 2 << 20
@@ -545,20 +549,10 @@ def _mttkrp_strategy(subs, out, sizes, mkl, itemsize, stream):
         a, k, b = _prod(dims[:s]), _prod(dims[s:e]), _prod(dims[e:])
         rest = _prod(dims[q] for q in axes if not s <= q < e)
         extra = (2 * k + a * b + rest) * nr       # Khatri-Rao (and its last partial), T, rest's KRP
+        if stream and _fusion(dims, s, e, orient, [q for q in axes if not s <= q < e], nr):
+            extra = (2 * k + rest + a * b // rest) * nr      # no T: the fused pass's scratch is one result
         block = nr if extra <= budget else max(1, int(nr * budget // extra))
-        chunks = -(-nr // block)
-        if e == len(sx) and orient == "rows":
-            shape = (a, k, block, chunks)
-        elif e == len(sx) or s == 0:
-            shape = (block, k, a * b, chunks) if orient == "cols" else (b, k, block, chunks)
-        else:
-            shape = (block, k, b, a * chunks) if orient == "cols" else (b, k, block, a * chunks)
-        where = 0 if e == len(sx) else 1 if s > 0 else 2     # the run of modes: trailing, middle, leading
-        if on_mkl and orient == "cols" and where == 1 and k * b * itemsize > _L2_BYTES:
-            where = 2   # MKL's batched KR^T X runs as fast as over middle modes only while a slab of X fits in L2
-        fit = _MTTKRP_FIT[on_mkl]
-        gemm = _gemm_seconds(*shape, short=fit[:3]) / fit[3 + 3 * (orient == "cols") + where]
-        seconds = gemm + _ELEM * ((k + a * b + rest) * nr + (a * b * nr / 4 if rest > 1 else 0))
+        seconds = _mttkrp_seconds(dims, axes, nr, (s, e, orient, block, on_mkl), itemsize, stream)
         if best is None or seconds < best[0]:
             best = (seconds, s, e, orient, block, on_mkl)
     _, s, e, orient, block, on_mkl = best
@@ -575,6 +569,36 @@ def _mttkrp_strategy(subs, out, sizes, mkl, itemsize, stream):
     if block < nr:
         name += f", rank columns in blocks of {block}"
     return "mttkrp", name, (x, r, (s, e, orient, block, on_mkl))
+
+
+def _mttkrp_seconds(dims, axes, nr, variant, itemsize, stream):
+    """Modeled seconds of an MTTKRP variant (s, e, orient, block, on_mkl) on X of ``dims`` summed over
+    ``axes``: the GEMM and Hadamard-sum in one pass of the streaming kernels where ``_fusion`` runs it
+    (with ``stream``: float64 on the CPU), else the GEMM (``_MTTKRP_FIT`` of its library) and the
+    elementwise passes.
+
+    >>> round(1e3 * _mttkrp_seconds((256,) * 3, [0, 1], 24, (1, 2, "cols", 24, True), 8, False), 1)   # MKL
+    12.9
+    """
+    s, e, orient, block, on_mkl = variant
+    a, k, b = _prod(dims[:s]), _prod(dims[s:e]), _prod(dims[e:])
+    rest = _prod(dims[q] for q in axes if not s <= q < e)
+    fused = stream and _fusion(dims, s, e, orient, [q for q in axes if not s <= q < e], block)
+    if fused:   # X read once per block of rank columns, each in whole vectors of 8
+        return 2.0 * a * k * b * -(-nr // block) * -(-block // 8) * 8 / _FUSED_RATE[fused] + _ELEM * (k + rest) * nr
+    chunks = -(-nr // block)
+    if e == len(dims) and orient == "rows":
+        shape = (a, k, block, chunks)
+    elif e == len(dims) or s == 0:
+        shape = (block, k, a * b, chunks) if orient == "cols" else (b, k, block, chunks)
+    else:
+        shape = (block, k, b, a * chunks) if orient == "cols" else (b, k, block, a * chunks)
+    where = 0 if e == len(dims) else 1 if s > 0 else 2     # the run of modes: trailing, middle, leading
+    if on_mkl and orient == "cols" and where == 1 and k * b * itemsize > _L2_BYTES:
+        where = 2   # MKL's batched KR^T X runs as fast as over middle modes only while a slab of X fits in L2
+    fit = _MTTKRP_FIT[on_mkl]
+    gemm = _gemm_seconds(*shape, short=fit[:3]) / fit[3 + 3 * (orient == "cols") + where]
+    return gemm + _ELEM * ((k + a * b + rest) * nr + (a * b * nr / 4 if rest > 1 else 0))
 
 
 def _variant_streams(dims, s, e, orient, block):
@@ -801,6 +825,7 @@ def _ttm_streamed_strategy(x, sx, steps, sizes):
     if _STREAM is None or any(sizes[new] > _STREAM_NARROW for _, new, _ in steps):
         return None
     slab = sx[1:] if sx[0] not in {m for m, _, _ in steps} else sx
+    steps = sorted(steps, key=lambda t: sx.index(t[0]))      # (ties: X's order, whatever the operands' order)
     best = None
     for order in (itertools.permutations(steps) if len(steps) <= 6
                   else [sorted(steps, key=lambda t: sizes[t[1]] / sizes[t[0]])]):
@@ -831,8 +856,8 @@ def _run_ttm_streamed(subs, out, blocks, dtype, params):
     x, order, slabbed = params
     xb = blocks[x]
     if not xb.flags.c_contiguous:
-        sizes = {c: n for s, b in zip(subs, blocks) for c, n in zip(s, b.shape)}
-        return _run_ttm(subs, out, blocks, dtype, _ttm_strategy(tuple(subs), out, sizes, False)[2])
+        return _run_ttm(subs, out, blocks, dtype,
+                        _strategy(tuple(subs), out, tuple(b.shape for b in blocks), False, xb.itemsize)[2])
     labels = list(subs[x][1:] if slabbed else subs[x])
     dims, shape, mats = [], list(xb.shape[1:] if slabbed else xb.shape), []
     for mode, new, n in order:
