@@ -107,6 +107,18 @@ def test_mttkrp_every_variant_equals_numpy(name, dtype, gemms):
     assert fused == (expected if dtype == np.float64 and K._STREAM_WORK == 0 else set()), (name, gemms)
 
 
+@pytest.mark.parametrize("name", ["O3-M1", "O3-M2", "O5-M4"])
+def test_strided_blocks_take_the_blas_strategy(name, gemms):
+    """A strided X (not C-ordered: the fused passes cannot read it) takes the strategy BLAS runs: the result
+    equals numpy's and no fused pass reads X."""
+    eq, sizes = MTTKRP[name]
+    subs, out = split(eq)
+    ops = operands(eq, sizes, np.float64)
+    ops[0] = operands(eq, {c: 2 * n for c, n in sizes.items()}, np.float64)[0][tuple(slice(None, n) for n in ops[0].shape)]
+    check(eq, ops, contract_group(subs, out, *ops))
+    assert not any(weighted for _, weighted in gemms)
+
+
 @pytest.mark.parametrize("eq", ["kji,ia,ka->ja", "ijk,ai,ja->ak", "ijkl,la,ia,ja->ak", "abc,ax,cx->xb"])
 def test_mttkrp_any_index_order(eq):
     subs, out = split(eq)

@@ -493,8 +493,10 @@ def contract_group(inputs, output, *blocks):
                 b, s = b.transpose(perm), "".join(s[d] for d in perm)
         blocks[n] = b
         subs.append(s)
+    # the streaming kernels' passes read C-ordered blocks (as a plan's are: group_strategy names those)
+    stream = dtype == np.float64 and xp is np and all(b.flags.c_contiguous for b in blocks)
     kind, _, params = _strategy(tuple(subs), output, tuple(b.shape for b in blocks), dtype in _GEMM and xp is np,
-                                dtype.itemsize, dtype == np.float64 and xp is np)
+                                dtype.itemsize, stream)
     return _RUN[kind](subs, output, blocks, dtype, params)
 
 
@@ -852,12 +854,9 @@ def _ttm_streamed_strategy(x, sx, steps, sizes):
 
 
 def _run_ttm_streamed(subs, out, blocks, dtype, params):
-    """The chain on ``ttm_chain``: X read once, in place (a C-ordered X; others run step by step)."""
+    """The chain on ``ttm_chain``: X (C-ordered: see ``contract_group``) read once, in place."""
     x, order, slabbed = params
     xb = blocks[x]
-    if not xb.flags.c_contiguous:
-        return _run_ttm(subs, out, blocks, dtype,
-                        _strategy(tuple(subs), out, tuple(b.shape for b in blocks), False, xb.itemsize)[2])
     labels = list(subs[x][1:] if slabbed else subs[x])
     dims, shape, mats = [], list(xb.shape[1:] if slabbed else xb.shape), []
     for mode, new, n in order:
