@@ -253,6 +253,17 @@ def test_script_size_does_not_grow_with_the_ranks(inputs, result):
     assert max(sizes.values()) - min(sizes.values()) < 2_000, sizes   # other grids and moves, no per-rank data
 
 
+def test_a_definition_is_kept_by_its_own_file_not_by_one_on_the_same_lines():
+    """Two carried files with definitions on the same lines: only the one a program reaches is emitted (a
+    method of runtime.py on redistribute.received_words's lines once emitted that function, undefined names
+    and all)."""
+    from deinsum.codegen import emit as E
+    used, unused = E._module("x = 1\ndef used():\n    return x\n"), E._module("y = 2\ndef unused():\n    return y\n")
+    kept = E._kept([used, unused], {"used"})
+    assert kept == {(0, range(1, 2)), (0, range(2, 4))}
+    assert E._lines(unused, {lines for k, lines in kept if k == 1}) == []
+
+
 def test_emitted_script_defines_every_name_it_uses(tmp_path):
     pyflakes = pytest.importorskip("pyflakes.api")
     from pyflakes.reporter import Reporter

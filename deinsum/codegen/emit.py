@@ -174,23 +174,23 @@ def _module(text: str) -> _Module:
     return _Module(lines, tuple(defs), frozenset(drop), replace, frozenset(inside), cut, trim)
 
 
-def _kept(modules, roots: set[str]) -> set[range]:
-    """The line spans of the definitions reachable from the names ``roots`` (to a fixed point): a
-    top-level definition when a kept one mentions its name, a method when one mentions it as an
+def _kept(modules, roots: set[str]) -> set[tuple[int, range]]:
+    """The (module number, line span) of the definitions reachable from the names ``roots`` (to a fixed
+    point): a top-level definition when a kept one mentions its name, a method when one mentions it as an
     attribute (or its class's own code by name), dunder methods with their class."""
     names, attrs, kept = set(roots), set(roots), set()
     while True:
         before = len(names) + len(attrs)
-        for module in modules:
+        for k, module in enumerate(modules):
             for d in module.defs:
                 if d.names and not set(d.names) & names:
                     continue
-                kept.add(d.lines)
+                kept.add((k, d.lines))
                 names |= d.names_used
                 attrs |= d.attrs_used
                 for m in d.methods:
                     if m.names[0] in attrs or m.names[0] in d.names_used or m.names[0].startswith("__"):
-                        kept.add(m.lines)
+                        kept.add((k, m.lines))
                         names |= m.names_used
                         attrs |= m.attrs_used
         if len(names) + len(attrs) == before:
@@ -198,8 +198,9 @@ def _kept(modules, roots: set[str]) -> set[range]:
 
 
 def _lines(module: _Module, kept: set[range]) -> list[str]:
-    """The module's lines that the program keeps, indented by half (a continuation line moves with its
-    statement; lines inside multi-line strings stay as they are)."""
+    """The module's lines that the program keeps (``kept``: the line spans of its kept definitions),
+    indented by half (a continuation line moves with its statement; lines inside multi-line strings stay
+    as they are)."""
     out = []
     for d in module.defs:
         if d.lines not in kept:
@@ -228,9 +229,9 @@ def runtime_source(roots=ENTRY) -> str:
     parts = [BEGIN, f"# deinsum {__version__}: what this program uses of deinsum/{{{', '.join(RUNTIME)}}},",
              "# their lines verbatim (indented by half), without docstrings, comments and imports of each other"]
     imported = set()   # each import once
-    for name, module in zip(RUNTIME, modules):
+    for k, (name, module) in enumerate(zip(RUNTIME, modules)):
         parts.append(f"# ---- {name}")
-        for line in _lines(module, kept):
+        for line in _lines(module, {lines for n, lines in kept if n == k}):   # (spans of other files may coincide)
             if line.startswith(("import ", "from ")):
                 if line in imported:
                     continue
