@@ -1,7 +1,8 @@
 """Build script for the optional compiled part: deinsum's streaming GEMMs (``deinsum/codegen/_stream.c``),
-a plain shared library that ``deinsum.codegen.kernels`` loads through ctypes. Without a C compiler the
-build skips it (``optional=True``) and every GEMM runs on BLAS. The rest is in pyproject.toml."""
+a plain shared library that ``deinsum.codegen.kernels`` loads through ctypes, threaded with OpenMP.
+Without a C compiler (or OpenMP) the build skips it (``optional=True``) and every GEMM runs on BLAS.
+The rest is in pyproject.toml."""
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("deinsum.codegen._stream", ["deinsum/codegen/_stream.c"],
-                             extra_compile_args=["-O3"], optional=True)])
+                             extra_compile_args=["-O3", "-fopenmp"], extra_link_args=["-fopenmp"], optional=True)])

@@ -59,21 +59,24 @@ PARTIAL = {  # the groups the planner makes of MTTKRP-O5 (partial MTTKRP, then a
 }
 
 
-@pytest.fixture(params=["blas", "streamed"])
+@pytest.fixture(params=["blas", "streamed", "streamed, 3 threads"])
 def gemms(request, monkeypatch):
     """Every GEMM on BLAS (these sizes are below the streaming kernels' threshold), or every float64 GEMM
-    the streaming kernels can read on them (threshold 0); yields the kernels' calls: (kind, fused)."""
+    the streaming kernels can read on them (threshold 0), on one thread or three; yields the kernels'
+    calls: (kind, fused)."""
     calls = []
-    if request.param == "streamed":
+    if request.param.startswith("streamed"):
         if K._STREAM is None:
             pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
         monkeypatch.setattr(K, "_STREAM", tuple(
             (lambda f, kind: lambda *args: calls.append((kind, args[-1] is not None)) or f(*args))(f, kind)
-            for f, kind in zip(K._STREAM, ("rows", "cols", "chain"))))
+            for f, kind in zip(K._STREAM, ("rows", "cols", "chain"))) + K._STREAM[3:])
         monkeypatch.setattr(K, "_STREAM_WORK", 0)
+        K.set_stream_threads(3 if request.param.endswith("threads") else 1)
     K._strategy.cache_clear()       # strategy names say which GEMMs stream
     yield calls
     K._strategy.cache_clear()
+    K.set_stream_threads(1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -228,7 +231,17 @@ def test_mkl_runs_the_gemms_it_can_read_in_place(monkeypatch):
     assert "(MKL)" not in group_strategy(subs, out, shapes, device=True)
 
 
-def test_streaming_kernels_equal_numpy_and_take_only_what_they_can_read(monkeypatch):
+@pytest.fixture(params=[1, 3], ids=["1 thread", "3 threads"])
+def stream_threads(request):
+    """The streaming kernels on one thread, or on three (OpenMP: more than this machine's cores)."""
+    if K._STREAM is None:
+        pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
+    K.set_stream_threads(request.param)
+    yield request.param
+    K.set_stream_threads(1)
+
+
+def test_streaming_kernels_equal_numpy_and_take_only_what_they_can_read(monkeypatch, stream_threads):
     """deinsum's streaming GEMMs (float64, AVX-512): rows (X @ W, W at most 32 columns) and cols (A @ X, X
     blocks at most 32 x 32) equal ``@`` for every tail of their register tiles, strided rows and
     batches; other layouts, wider sides and other dtypes go to BLAS."""
@@ -236,7 +249,8 @@ def test_streaming_kernels_equal_numpy_and_take_only_what_they_can_read(monkeypa
         pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
     calls = []
     monkeypatch.setattr(K, "_STREAM", tuple((lambda f, kind: lambda *args: calls.append(kind) or f(*args))(f, kind)
-                                            for f, kind in zip(K._STREAM, ("rows", "cols", "chain"))))
+                                            for f, kind in zip(K._STREAM, ("rows", "cols", "chain")))
+                        + K._STREAM[3:])
     monkeypatch.setattr(K, "_STREAM_WORK", 0)
     rng = np.random.default_rng(0)
     mats = lambda *shape: rng.standard_normal(shape)
@@ -260,7 +274,7 @@ def test_streaming_kernels_equal_numpy_and_take_only_what_they_can_read(monkeypa
         assert calls[before:] == ([kind] if kind else []), (a.shape, a.strides, b.shape, b.strides, kind)
 
 
-def test_streamed_ttm_chains_equal_numpy(monkeypatch):
+def test_streamed_ttm_chains_equal_numpy(monkeypatch, stream_threads):
     """Random TTM chains (orders 3 to 5, sides 1..40 against new sides 1..33, factors in either orientation,
     any output order, X's first axis kept or contracted) on ``ttm_chain``: every register-tile tail of
     its mode products (columns and rows) and every order; a new side over 32 and a strided X (run step by
@@ -269,7 +283,8 @@ def test_streamed_ttm_chains_equal_numpy(monkeypatch):
         pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
     calls = []
     chain = K._STREAM[2]
-    monkeypatch.setattr(K, "_STREAM", K._STREAM[:2] + ((lambda *args: calls.append(args[1]) or chain(*args)),))
+    monkeypatch.setattr(K, "_STREAM", K._STREAM[:2] + ((lambda *args: calls.append(args[1]) or chain(*args)),)
+                        + K._STREAM[3:])
     monkeypatch.setattr(K, "_STREAM_WORK", 0)
     K._strategy.cache_clear()
     rng, count = np.random.default_rng(1), 0
@@ -327,6 +342,17 @@ def test_streaming_kernels_refuse_what_they_cannot_compute(monkeypatch):
         K._checked(2, 1, 33)
     monkeypatch.setattr(K, "_STREAM_ABI", K._STREAM_ABI + 1)
     assert K._stream_kernels() is None
+
+
+def test_the_streaming_kernels_run_on_the_pinned_blas_threads():
+    """The runtime's BLAS pin sets the streaming kernels' threads to the same count (a process of its own:
+    the pin is process-wide); OpenMP then splits batches, rows, column tiles or slabs (tested above)."""
+    code = ("from deinsum.codegen.runtime import pin_blas_threads; from deinsum.codegen import kernels as K; "
+            "print(pin_blas_threads(1), K._STREAM_THREADS)")
+    res = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, OPENBLAS_NUM_THREADS="2"),
+                         capture_output=True, text=True, timeout=120)
+    pinned, threads = res.stdout.split()
+    assert pinned == threads == str(min(2, os.cpu_count() or 1)), res.stdout
 
 
 def test_mkl_runs_float_gemms_when_installed():

@@ -104,7 +104,7 @@ _GEMM = _mkl_gemms()
 
 def _stream_kernels():
     """deinsum's own streaming GEMMs (``_stream.c``, compiled at install where a C compiler is found)
-    as ``(rows, cols, ttm_chain)`` ctypes functions, where built, the CPU has AVX-512 and ``DEINSUM_GEMM`` is not
+    as ``(rows, cols, ttm_chain, set_threads)`` ctypes functions, where built, the CPU has AVX-512 and ``DEINSUM_GEMM`` is not
     ``numpy``; else None. Looked up through the installed package (an emitted script finds them too)."""
     import importlib.util
     if os.environ.get("DEINSUM_GEMM", "mkl") == "numpy":
@@ -123,18 +123,32 @@ def _stream_kernels():
             lib.stream_rows.argtypes = [i] * 4 + [p, i, i, p, i, p, i, i, p]
             lib.stream_cols.argtypes = [i] * 4 + [p, p, i, i, p, i, i, p]
             lib.ttm_chain.argtypes = [i, i, p, p, p, i, p, i]
+            lib.stream_set_threads.argtypes = [i]
         except (OSError, AttributeError):   # pragma: no cover - a broken build
             continue
-        return lib.stream_rows, lib.stream_cols, lib.ttm_chain
+        return lib.stream_rows, lib.stream_cols, lib.ttm_chain, lib.stream_set_threads
     return None
 
 
 #: The interface of ``_stream.c`` this file calls (its ``stream_abi()``).
-_STREAM_ABI = 3
+_STREAM_ABI = 4
 
 
 #: deinsum's streaming GEMMs (float64), or None: see ``_streamed``.
 _STREAM = _stream_kernels()
+
+
+#: Threads the streaming kernels run on (``set_stream_threads``).
+_STREAM_THREADS = 1
+
+
+def set_stream_threads(threads):
+    """Run the streaming kernels on ``threads`` threads (OpenMP), as many as the rank's BLAS: the runtime
+    sets it where it pins BLAS threads; 1 until then."""
+    global _STREAM_THREADS
+    _STREAM_THREADS = max(1, int(threads))
+    if _STREAM is not None:
+        _STREAM[3](_STREAM_THREADS)
 
 _ASCII = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 

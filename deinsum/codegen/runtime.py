@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from ..redistribute import table_words
 from .exchange import ByteLog, Transfer, element_type
-from .kernels import contract_group, unary
+from .kernels import contract_group, set_stream_threads, unary
 
 PHASES = ("distribute", "compute", "reduce", "redistribute", "gather", "host_to_device", "device_to_host")
 
@@ -59,7 +59,7 @@ class Clock:
 
 def pin_blas_threads(node_ranks):
     """Lower BLAS (and TBLIS) threads so that ``node_ranks`` (the ranks on this node) x threads <= cores
-    (needs threadpoolctl).
+    (needs threadpoolctl); deinsum's streaming kernels then run on as many threads.
 
     Never raises a limit the caller set. Returns the threads per rank, or None without threadpoolctl.
     """
@@ -70,6 +70,7 @@ def pin_blas_threads(node_ranks):
     now = max((pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"), default=1)
     threads = max(1, min(now, (os.cpu_count() or 1) // node_ranks))
     threadpool_limits(threads, user_api="blas")
+    set_stream_threads(threads)
     try:  # TBLIS (the transposes of the `fast` extra) keeps its own thread count
         import pytblis
     except ImportError:
