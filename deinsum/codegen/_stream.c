@@ -118,6 +118,15 @@ TARGET static void rows_block(long rows, int nv, long kc, const double *x, long 
 /* K in chunks whose slice of W stays in L2 (32 KiB .. 128 KiB): every X row read once in all. */
 #define KC 512
 
+/* T (M x N, rows ldt apart) += one thread's own sum (M x N), one thread at a time. */
+static void add_sum(long M, long N, const double *sum, double *T, long ldt)
+{
+#pragma omp critical
+    for (long m = 0; m < M; ++m)
+        for (long n = 0; n < N; ++n)
+            T[m * ldt + n] += sum[m * N + n];
+}
+
 TARGET int stream_rows(long nb, long M, long N, long K, const double *X, long ldx, long sbx,
                        const double *W, long ldw, double *T, long ldt, long sbt, const double *H)
 {
@@ -154,12 +163,8 @@ TARGET int stream_rows(long nb, long M, long N, long K, const double *X, long ld
                     for (long n = 0; n < N; ++n)
                         sum[m * N + n] += H[b * N + n] * scratch[m * N + n];
         }
-        if (H && scratch) {
-#pragma omp critical
-            for (long m = 0; m < M; ++m)
-                for (long n = 0; n < N; ++n)
-                    T[m * ldt + n] += sum[m * N + n];
-        }
+        if (H && scratch)
+            add_sum(M, N, sum, T, ldt);
         free(scratch);
     }
     return status;
@@ -277,12 +282,8 @@ TARGET int stream_cols(long nb, long M, long N, long K, const double *at, const 
             else
                 cols_panel(M, n, K, at, M, xb, ldx, T + b * sbt + c0, ldt, 0, after);
         }
-        if (H && sum) {
-#pragma omp critical
-            for (long m = 0; m < M; ++m)
-                for (long c = 0; c < N; ++c)
-                    T[m * ldt + c] += sum[m * N + c];
-        }
+        if (H && sum)
+            add_sum(M, N, sum, T, ldt);
         free(sum);
     }
     return status;
