@@ -67,14 +67,19 @@ def launch_command(nprocs: int, script, *args: str) -> list[str]:
             str(script), *args]
 
 
+def _has_shapes(args) -> bool:
+    """Whether a command's operand shapes are known: from ``--size``, or an equation without indices
+    (like ``->``) has them already."""
+    return bool(args.size) or not any(c.isalpha() for c in args.equation)
+
+
 def _program(args, nprocs=None, needs_sizes=False):
-    """The compiled program of a command: with shapes from ``--size`` (or without: symbolic, unless
-    ``needs_sizes``; an equation without indices, like ``->``, has its shapes already)."""
+    """The compiled program of a command: with shapes (see ``_has_shapes``), or without: symbolic, unless
+    ``needs_sizes``."""
     from . import compile as compile_einsum
-    indexed = any(c.isalpha() for c in args.equation)
-    if needs_sizes and indexed and not args.size:
+    if needs_sizes and not _has_shapes(args):
         raise DeinsumError(f"{args.command} needs sizes: --size i=...,j=...")
-    shapes = shapes_from_sizes(args.equation, parse_sizes(args.size)) if args.size or not indexed else []
+    shapes = shapes_from_sizes(args.equation, parse_sizes(args.size)) if _has_shapes(args) else []
     return compile_einsum(args.equation, *shapes, nprocs=nprocs, dtype=args.dtype, memory=args.memory,
                           inputs=args.inputs, result=args.result, layouts=parse_layouts(args.layout),
                           device=getattr(args, "device", "cpu"))
@@ -96,7 +101,7 @@ def parse_layouts(options: list[str]) -> dict[str, str]:
 
 
 def cmd_bound(args) -> int:
-    if args.layout and not ((args.size or not any(c.isalpha() for c in args.equation)) and args.nprocs):
+    if args.layout and not (_has_shapes(args) and args.nprocs):
         raise DeinsumError("--layout needs --size and -P: a pinned layout matters only to the plan, which bound "
                            "prints with --size and -P")
     prog = _program(args)

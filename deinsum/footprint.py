@@ -27,7 +27,6 @@ from functools import lru_cache
 import numpy as np
 
 
-
 #: Bytes on top of the arrays: numpy ufunc buffers and the Python objects of one call.
 SLACK = 2**20
 
