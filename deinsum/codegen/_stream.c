@@ -47,6 +47,9 @@ void stream_set_threads(long n) { n_threads = n < 1 ? 1 : n > 1024 ? 1024 : (int
 
 typedef double v8 __attribute__((vector_size(64), aligned(8)));
 
+/* The lanes of the last vector of a row of n >= 1 elements that exist (n % 8 of them, all 8 when none). */
+INLINE __mmask8 tail_mask(long n) { return (__mmask8)(0xFF >> (-n & 7)); }
+
 /* Whether this CPU runs the kernels (AVX-512F): the caller falls back to BLAS otherwise. */
 int stream_supported(void)
 {
@@ -133,7 +136,7 @@ TARGET int stream_rows(long nb, long M, long N, long K, const double *X, long ld
     if (N < 1 || N > 32)
         return 2;
     const int nv = (int)((N + 7) / 8);
-    const __mmask8 last = (__mmask8)(0xFF >> (8 * nv - N));
+    const __mmask8 last = tail_mask(N);
     /* work units: batches; one batch in chunks of rows, one per thread; weighted: batches, each thread
      * summing its own copy of T (scratch: one weighted batch, then that copy) */
     const long rc = H || nb >= n_threads ? M : (M + n_threads - 1) / n_threads, chunks = (M + rc - 1) / rc;
@@ -242,7 +245,7 @@ TARGET static void cols_panel(long M, long N, long K, const double *at, long lda
     for (long q = 0; q < tiles; ++q) {
         const long c = 24 * q, n = N - c < 24 ? N - c : 24;
         const int nv = (int)((n + 7) / 8);
-        const __mmask8 last = (__mmask8)(0xFF >> (8 * nv - n));
+        const __mmask8 last = tail_mask(n);
         const double *ahead = q + 2 < tiles ? x + c + 48 : after ? after + 24 * (q + 2 - tiles) : 0;
         for (long m = 0; m < M; m += 8) {
             const int mr = M - m < 8 ? (int)(M - m) : 8;
@@ -297,7 +300,7 @@ TARGET static void mode_product(long A, long n, long B, long w, const double *U,
         for (long c = 0; c < w; c += 32) {
             const long nc = w - c < 32 ? w - c : 32;
             const int nv = (int)((nc + 7) / 8);
-            const __mmask8 last = (__mmask8)(0xFF >> (8 * nv - nc));
+            const __mmask8 last = tail_mask(nc);
             for (long k0 = 0; k0 < n; k0 += KC)
                 rows_block(A, nv, n - k0 < KC ? n - k0 : KC, T + k0, n, U + k0 * w + c, w, Y + c, w, k0 == 0,
                            last);

@@ -104,8 +104,9 @@ _GEMM = _mkl_gemms()
 
 def _stream_kernels():
     """deinsum's own streaming GEMMs (``_stream.c``, compiled at install where a C compiler is found)
-    as ``(rows, cols, ttm_chain, set_threads)`` ctypes functions, where built, the CPU has AVX-512 and ``DEINSUM_GEMM`` is not
-    ``numpy``; else None. Looked up through the installed package (an emitted script finds them too)."""
+    as ``(rows, cols, ttm_chain, set_threads)`` ctypes functions, where built, the CPU has AVX-512 and
+    ``DEINSUM_GEMM`` is not ``numpy``; else None. Looked up through the installed package (an emitted
+    script finds them too)."""
     import importlib.util
     if os.environ.get("DEINSUM_GEMM", "mkl") == "numpy":
         return None
@@ -399,9 +400,11 @@ def _checked(status, m, n):
         raise ValueError(f"the streaming kernels refused a product whose result is {m} x {n}")
 
 
-def _stream_kind(nbatch, m, k, n, a_batched, b_batched):
+def _stream_kind(nbatch, m, k, n, a_batched, b_batched, wide=False):
     """``"rows"``, ``"cols"`` or None: the streaming kernel that takes a float64 GEMM of ``nbatch`` times
     (m x k) @ (k x n) (operands batched or shared), given its wide operand has unit stride along rows.
+    With ``wide`` (the fused MTTKRP pass), "cols" takes any n where a column tile of X (k x 24) stays
+    in L1 while the rows of A re-read it.
 
     >>> _stream_kind(1, 65536, 256, 24, False, False) == ("rows" if _STREAM else None)
     True
@@ -411,7 +414,8 @@ def _stream_kind(nbatch, m, k, n, a_batched, b_batched):
     a_wide = a_batched or (not b_batched and m >= n)     # the batched operand, or the larger one
     if a_wide and not b_batched and n <= _STREAM_NARROW and k * n * 8 <= _L2_BYTES // 2:
         return "rows"
-    if not a_wide and not a_batched and m <= _STREAM_NARROW and n <= _STREAM_NARROW:
+    if (not a_wide and not a_batched and m <= _STREAM_NARROW
+            and (n <= _STREAM_NARROW or wide and k * 24 * 8 <= _L1_BYTES)):
         return "cols"
     return None
 
@@ -725,9 +729,8 @@ def _fusion(dims, s, e, orient, rest, block):
     g, k, free_rows, free_cols = _prod(dims[:len(rest)]), _prod(dims[s:e]), _prod(dims[len(rest):s]), _prod(dims[e:])
     if orient == "rows" and e == n and _stream_kind(g, free_rows, k, block, True, False) == "rows":
         return "rows"
-    wide_ok = free_cols <= _STREAM_NARROW or k * 24 * 8 <= _L1_BYTES    # (_stream_kind's "cols", any F)
-    if (orient == "cols" and s == len(rest) and e < n and _STREAM is not None and block <= _STREAM_NARROW and wide_ok
-            and g * block * k * free_cols >= max(1, _STREAM_WORK)):
+    if (orient == "cols" and s == len(rest) and e < n
+            and _stream_kind(g, block, k, free_cols, False, True, wide=True) == "cols"):
         return "cols"
     return None
 
@@ -783,10 +786,8 @@ def _ttm_strategy(subs, out, sizes, stream):
     rows = max(1, _SLAB * first // size) if len(steps) > 1 and sx[0] in out and size > 2 * _SLAB else 0
     rows = rows if rows < first else 0
     dims = dict(sizes, **{sx[0]: rows}) if rows else sizes
-    orders = (itertools.permutations(steps) if len(steps) <= 6
-              else [sorted(steps, key=lambda t: sizes[t[1]] / sizes[t[0]])])
     best = None
-    for order in orders:
+    for order in _step_orders(steps, sizes):
         labels, seconds, kinds, gemms = list(sx), 0.0, [], []     # gemms: (m, k, n, batches) of each step
         for mode, new, _ in order:
             q, total = labels.index(mode), _prod(dims[c] for c in labels)
@@ -831,6 +832,14 @@ def _ttm_strategy(subs, out, sizes, stream):
     return "ttm", name, (x, tuple(order), tuple(kinds), rows)
 
 
+def _step_orders(steps, sizes):
+    """The orders a TTM chain's ``steps`` (mode, new index, operand) are tried in: all of them up to 6
+    steps, beyond that the one that shrinks the tensor fastest first."""
+    if len(steps) <= 6:
+        return itertools.permutations(steps)
+    return [sorted(steps, key=lambda t: sizes[t[1]] / sizes[t[0]])]
+
+
 def _ttm_streamed_strategy(x, sx, steps, sizes):
     """The whole chain in one pass of the streaming kernels (``ttm_chain`` in ``_stream.c``), slab by slab
     of X's first axis where it is kept: float64 on the CPU, every new side at most 32 wide, intermediates of
@@ -843,8 +852,7 @@ def _ttm_streamed_strategy(x, sx, steps, sizes):
     slab = sx[1:] if sx[0] not in {m for m, _, _ in steps} else sx
     steps = sorted(steps, key=lambda t: sx.index(t[0]))      # (ties: X's order, whatever the operands' order)
     best = None
-    for order in (itertools.permutations(steps) if len(steps) <= 6
-                  else [sorted(steps, key=lambda t: sizes[t[1]] / sizes[t[0]])]):
+    for order in _step_orders(steps, sizes):
         dims, work, largest = [sizes[c] for c in slab], 0, 0
         for mode, new, _ in order:
             q = slab.index(mode)
