@@ -36,8 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from deinsum.codegen import kernels as K  # noqa: E402
 
-#: Whether deinsum's streaming kernels run (``--kernels``; see the docstring).
-KERNELS = False
 
 #: (X's dims, R): the suite's orders 3 and 5, and shapes around them (in and out of cache, uneven, R = 8..48)
 SHAPES = [((256, 256, 256), 24), ((24,) * 5, 24), ((128, 128, 128), 16), ((32,) * 4, 32),
@@ -70,7 +68,7 @@ def measure(dims, nr, repeat, rng):
         out = sx[mode] + "a"
         axes = [q for q in range(len(dims)) if q != mode]
         picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops), bool(K._GEMM), 8,
-                             KERNELS)[2][2]   # + block, mkl
+                             K._STREAM is not None)[2][2]   # + block, mkl
         pick = picked[:3] + picked[4:]
         times = {}
         for (s, e, orient), mkl in itertools.product(K._mttkrp_variants(len(dims), axes), LIBRARIES):
@@ -87,7 +85,7 @@ def variant_name(dims, mode, variant, nr):
     s, e, orient, mkl = variant
     name = f"GEMM over ({','.join(LABELS[s:e])}) {'X^T KR' if orient == 'rows' else 'KR^T X'}"
     summed = [q for q in range(len(dims)) if q != mode and not s <= q < e]
-    if KERNELS and K._fusion(dims, s, e, orient, summed, nr):
+    if K._fusion(dims, s, e, orient, summed, nr):       # (None with the kernels off)
         return name + ", fused"          # (the same pass on either library)
     return name + " (MKL)" * mkl
 
@@ -100,12 +98,10 @@ def main(argv=None) -> int:
                     help="default bench-results/mttkrp-variants.md (-kernels.md with --kernels)")
     ap.add_argument("--json", type=Path, help="also write every timing here (what the constants are fitted on)")
     args = ap.parse_args(argv)
-    global KERNELS
-    KERNELS = args.kernels
-    if not KERNELS:
+    if not args.kernels:
         K._STREAM = None     # the BLAS libraries only
         K._strategy.cache_clear()
-    args.out = args.out or ROOT / "bench-results" / f"mttkrp-variants{'-kernels' * KERNELS}.md"
+    args.out = args.out or ROOT / "bench-results" / f"mttkrp-variants{'-kernels' * args.kernels}.md"
     rng = np.random.default_rng(0)
     lines = ["# MTTKRP variants: every GEMM variant timed, and the cost model's pick", "",
              f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.node()}, "
