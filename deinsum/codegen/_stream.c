@@ -13,8 +13,9 @@
  * Batches: X[b] = X + b * sbx, T[b] = T + b * sbt; strides in elements.
  * With weights H (nb x R, R = N for rows, M for cols), the batch is summed instead, each T[b] scaled
  * by H[b] along R: T (M x N) += sum_b H[b] * T[b] (MTTKRP's Hadamard-sum over the batch modes).
- * Both return 0; stream_rows returns 1 where it could not allocate its scratch block and 2 for an N
- * outside 1..32, stream_cols 2 for an empty M or N (T untouched then).
+ * Both return 0; 1 where they could not allocate a weighted sum's scratch blocks (T incomplete then);
+ * 2 for a shape they do not take (T untouched then): stream_rows an N outside 1..32, stream_cols an
+ * empty M or N.
  *
  * ttm_chain: a TTM chain (X times one narrow matrix per contracted mode) slab by slab of X, every step
  *            of a slab on these tiles while its intermediates stay in cache: X is read once, and the
