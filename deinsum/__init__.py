@@ -64,7 +64,7 @@ def einsum(equation: str, *arrays, comm=None, result=None, **options):
     """
     import numpy as np
 
-    from .codegen.checks import collectively
+    from .runtime.checks import collectively
     from .program import call_comm
     comm, bad_comm = call_comm(comm, arrays)
     shapes = [np.shape(a) for a in arrays]   # reads .shape where there is one (DistributedArray, CuPy)

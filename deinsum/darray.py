@@ -34,11 +34,10 @@ from typing import Callable
 
 import numpy as np
 
-from .codegen.checks import agree, collectively
-from .codegen.exchange import exchange
+from .runtime.checks import agree, collectively
+from .runtime.exchange import exchange
 from .errors import DeinsumError, as_dtype
-from .layout import Layout
-from .plan import pin_layout
+from .layout import Layout, pin_layout
 from .schedule import Move
 
 __all__ = ["DistributedArray", "as_layout"]

@@ -17,12 +17,12 @@ from typing import Sequence
 
 import numpy as np
 
-from .codegen.checks import agree, check_cast, check_memory, check_output_path, collectively, node_place
-from .codegen.checks import unanimous, write_atomically
-from .codegen.emit import generate
-from .codegen.gpu import is_device_array, open_device
-from .codegen.kernels import contract_pair, gemm_library, group_strategy, unary
-from .codegen.runtime import Runtime, pin_blas_threads
+from .runtime.checks import agree, check_cast, check_memory, check_output_path, collectively, node_place
+from .runtime.checks import unanimous, write_atomically
+from .emit import generate
+from .runtime.gpu import is_device_array, open_device
+from .runtime.kernels import contract_pair, gemm_library, group_strategy, unary
+from .runtime.runner import Runtime, pin_blas_threads
 from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
 from .errors import DeinsumError, as_dtype, check_choice
@@ -101,15 +101,15 @@ def execute(decomposition: Decomposition, *operands) -> np.ndarray:
 
 
 def runtime_for(plan: Plan, comm, device=None) -> Runtime:
-    """This rank's :class:`~deinsum.codegen.runtime.Runtime` of ``plan`` on ``comm`` (its tables only),
-    computing on ``device`` (a :class:`~deinsum.codegen.gpu.Device`) if given."""
+    """This rank's :class:`~deinsum.runtime.runner.Runtime` of ``plan`` on ``comm`` (its tables only),
+    computing on ``device`` (a :class:`~deinsum.runtime.gpu.Device`) if given."""
     rank = comm.Get_rank()
     return Runtime(comm, plan.dtype, [(m.phase, m.label, m.table(rank)) for m in plan.moves], device)
 
 
 def run_schedule(rt: Runtime, plan: Plan, operands: Sequence) -> np.ndarray | None:
     """Execute ``plan``'s schedule on this rank: the same operations, in the same order, as the
-    ``run`` of the plan's emitted script (see :mod:`deinsum.codegen.emit`)."""
+    ``run`` of the plan's emitted script (see :mod:`deinsum.emit`)."""
     d = plan.decomposition
     tensors = dict(zip(d.input_names, operands))
     for s in d.prepass:

@@ -2,7 +2,7 @@
 
 Pure planning (no MPI; numpy and the standard library only, so emitted scripts
 carry it). :func:`rank_tables` gives one rank its own plain integer tables,
-which :class:`deinsum.codegen.exchange.Transfer` executes with one
+which :class:`deinsum.runtime.exchange.Transfer` executes with one
 ``Alltoallw`` per phase; every rank builds its own from the two layouts alone,
 at a cost of a few numpy passes over the ranks plus its own pieces.
 

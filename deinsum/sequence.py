@@ -28,8 +28,8 @@ import numpy as np
 
 from .decompose import decompose
 from .errors import DeinsumError, as_dtype
-from .layout import Layout
-from .plan import Plan, pin_layout
+from .layout import Layout, pin_layout
+from .plan import Plan
 from .program import Program
 
 __all__ = ["SequencePlan", "SequenceStep", "plan_sequence", "reads_moved"]

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_executor import KERNELS  # noqa: E402
 
 import deinsum  # noqa: E402
-from deinsum.codegen.gpu import CHOICES  # noqa: E402
-from deinsum.codegen.kernels import group_strategy  # noqa: E402
+from deinsum.runtime.gpu import CHOICES  # noqa: E402
+from deinsum.runtime.kernels import group_strategy  # noqa: E402
 
 RTOL = {"float64": 1e-10, "float32": 1e-4}
 
@@ -99,7 +99,7 @@ def bandwidths(cp, repeat, nbytes=2**30):
 
 def chosen(group, sizes):
     """What ``group`` ran locally: the kernel's strategy or cupy.einsum, with the one-time timings that
-    chose it (:data:`deinsum.codegen.gpu.CHOICES`)."""
+    chose it (:data:`deinsum.runtime.gpu.CHOICES`)."""
     inputs = tuple(s for _, s in group.reads)
     shapes = tuple(tuple(sizes[c] for c in s) for s in inputs)
     name = group_strategy(inputs, group.output_subscripts, shapes, device=True)

@@ -6,7 +6,7 @@ axes one GEMM contracts, X^T KR or KR^T X; all rank columns at once, the model's
 variants with a Khatri-Rao product over 32 MB are left out) on the same operands, one after another;
 medians of --repeat calls after a warm-up. The report lists, per shape and mode, the fastest
 variant, the model's pick and its loss (pick / fastest - 1), and the sum of losses: the
-constants of ``deinsum.codegen.kernels._MTTKRP_FIT`` were fitted on this table. Every variant runs
+constants of ``deinsum.runtime.kernels._MTTKRP_FIT`` were fitted on this table. Every variant runs
 on each GEMM library here: numpy's BLAS, and Intel MKL where the `fast` extra installed it; deinsum's
 streaming kernels stay off (they take over the variants they can read, whatever the library, and the
 constants model the libraries). With ``--kernels`` they stay on: variants run as float64 blocks run them
@@ -34,7 +34,7 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from deinsum.codegen import kernels as K  # noqa: E402
+from deinsum.runtime import kernels as K  # noqa: E402
 
 
 #: (X's dims, R): the suite's orders 3 and 5, and shapes around them (in and out of cache, uneven, R = 8..48)

@@ -73,7 +73,7 @@ def worker(spec_path: str, out_path: str) -> int:
     from threadpoolctl import threadpool_info, threadpool_limits
 
     import deinsum
-    from deinsum.codegen.kernels import _matmul, _tblis, contract_group, gemm_library, group_strategy
+    from deinsum.runtime.kernels import _matmul, _tblis, contract_group, gemm_library, group_strategy
 
     comm = MPI.COMM_WORLD
     try:
@@ -159,7 +159,7 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
     lhs, out = eq.split("->")
     subs = lhs.split(",")
     shapes = [tuple(sizes[c] for c in s) for s in subs]
-    from deinsum.codegen.kernels import _matmul
+    from deinsum.runtime.kernels import _matmul
     from deinsum.program import local_kernels
     rng = np.random.default_rng(42)
     ops = [rng.standard_normal(s) for s in shapes]

@@ -40,7 +40,7 @@ from suite_report import (measured_table, model_table, phase_median, phase_table
                           plot_volume_vs_bound, render, seconds, spread)
 from suite_sizes import MODEL_PROCS, measured_sizes, shapes_of
 
-from deinsum.codegen.runtime import PHASES
+from deinsum.runtime.runner import PHASES
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 WORKER = Path(__file__).with_name("suite_worker.py")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_executor import median_spread
-from deinsum.codegen.runtime import PHASES
+from deinsum.runtime.runner import PHASES
 
 BOUNDARY = ("distribute", "gather")
 IN_GRID_COMMUNICATION = ("reduce", "redistribute")

@@ -23,7 +23,7 @@ from mpi4py import MPI
 from threadpoolctl import threadpool_info, threadpool_limits
 
 import deinsum
-from deinsum.codegen.runtime import PHASES
+from deinsum.runtime.runner import PHASES
 
 #: Phases that exist only because inputs start evenly distributed and the result ends so.
 BOUNDARY_PHASES = ("distribute", "gather")

@@ -10,7 +10,7 @@ import pytest
 
 import deinsum
 from deinsum import DeinsumError
-from deinsum.codegen.emit import BEGIN, END, RUNTIME, generate
+from deinsum.emit import BEGIN, END, RUNTIME, generate
 from mpirun import run_mpi_script
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
@@ -257,7 +257,7 @@ def test_a_definition_is_kept_by_its_own_file_not_by_one_on_the_same_lines():
     """Two carried files with definitions on the same lines: only the one a program reaches is emitted (a
     method of runtime.py on redistribute.received_words's lines once emitted that function, undefined names
     and all)."""
-    from deinsum.codegen import emit as E
+    from deinsum import emit as E
     used, unused = E._module("x = 1\ndef used():\n    return x\n"), E._module("y = 2\ndef unused():\n    return y\n")
     kept = E._kept([used, unused], {"used"})
     assert kept == {(0, range(1, 2)), (0, range(2, 4))}

@@ -10,7 +10,7 @@ import pytest
 import deinsum
 from deinsum import DeinsumError
 from deinsum.cli import main
-from deinsum.codegen.gpu import Device, cuda_aware, load_cupy
+from deinsum.runtime.gpu import Device, cuda_aware, load_cupy
 from mpirun import check_mpi
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
@@ -83,7 +83,7 @@ def _operands(shapes, dtype, seed=0):
 
 
 def test_the_cpu_path_measures_nothing():
-    from deinsum.codegen import gpu
+    from deinsum.runtime import gpu
     before = dict(gpu.CHOICES)
     host = _operands([(6, 5, 4), (5, 3), (4, 3)], "float64")
     np.testing.assert_allclose(deinsum.compile("ijk,ja,ka->ia", (6, 5, 4), (5, 3), (4, 3))(*host),
@@ -94,8 +94,8 @@ def test_the_cpu_path_measures_nothing():
 @needs_gpu
 def test_the_local_contraction_is_measured_once_per_shape_and_equals_numpy(monkeypatch):
     import cupy
-    from deinsum.codegen import gpu
-    from deinsum.codegen.kernels import contract_group
+    from deinsum.runtime import gpu
+    from deinsum.runtime.kernels import contract_group
     calls = []
 
     def kernel(*args):

@@ -1,4 +1,4 @@
-"""Local group kernels (deinsum/codegen/kernels.py): every strategy equals numpy.einsum, memory stays bounded."""
+"""Local group kernels (deinsum/runtime/kernels.py): every strategy equals numpy.einsum, memory stays bounded."""
 import glob
 import itertools
 import os
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deinsum.codegen import kernels as K
-from deinsum.codegen.kernels import contract_group, group_strategy
+from deinsum.runtime import kernels as K
+from deinsum.runtime.kernels import contract_group, group_strategy
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128, np.int64]
 
@@ -347,7 +347,7 @@ def test_streaming_kernels_refuse_what_they_cannot_compute(monkeypatch):
 def test_the_streaming_kernels_run_on_the_pinned_blas_threads():
     """The runtime's BLAS pin sets the streaming kernels' threads to the same count (a process of its own:
     the pin is process-wide); OpenMP then splits batches, rows, column tiles or slabs (tested above)."""
-    code = ("from deinsum.codegen.runtime import pin_blas_threads; from deinsum.codegen import kernels as K; "
+    code = ("from deinsum.runtime.runner import pin_blas_threads; from deinsum.runtime import kernels as K; "
             "print(pin_blas_threads(1), K._STREAM_THREADS)")
     res = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, OPENBLAS_NUM_THREADS="2"),
                          capture_output=True, text=True, timeout=120)
@@ -382,7 +382,7 @@ def test_the_l2_rule_counts_bytes_not_words():
 def test_deinsum_gemm_numpy_keeps_mkl_out():
     """DEINSUM_GEMM=numpy: every GEMM on numpy's BLAS, and the model's picks follow; any other value than
     mkl or numpy fails at import with one line (numpy's path itself is tested above with mkl=False)."""
-    code = ("from deinsum.codegen import kernels as K; "
+    code = ("from deinsum.runtime import kernels as K; "
             "print(K._GEMM == {}, '(MKL)' in K.group_strategy(('ijk', 'ja', 'ka'), 'ia', [(64,) * 3, (64, 8), (64, 8)]))")
     run = lambda value: subprocess.run([sys.executable, "-c", code], env=dict(os.environ, DEINSUM_GEMM=value),
                                        capture_output=True, text=True, timeout=120)

@@ -15,7 +15,7 @@ from deinsum.grids import GridChoice, make_communicators
 from deinsum.layout import Layout
 from deinsum.plan import build_plan
 from deinsum.redistribute import plan_redistribution
-from deinsum.codegen.exchange import ByteLog, exchange
+from deinsum.runtime.exchange import ByteLog, exchange
 
 comm = MPI.COMM_WORLD
 P, rank = comm.size, comm.rank

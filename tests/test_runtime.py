@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import deinsum
-import deinsum.codegen.kernels as kernels
-import deinsum.codegen.runtime as runtime
+import deinsum.runtime.kernels as kernels
+import deinsum.runtime.runner as runtime
 import deinsum.program as program
 from mpirun import check_mpi
 

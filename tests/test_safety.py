@@ -11,7 +11,7 @@ import pytest
 
 import deinsum
 from deinsum.cli import main
-from deinsum.codegen import checks
+from deinsum.runtime import checks
 from deinsum.footprint import footprint
 from deinsum.program import check_footprint
 

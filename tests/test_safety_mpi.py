@@ -157,7 +157,7 @@ def test_agreement_reduces_three_integers_and_gathers_only_to_explain(tmp_path):
     disagreement or one rank's failure then gathers what is needed for the same one-line error everywhere."""
     res = run_mpi(3, '''
         from mpi4py import MPI
-        from deinsum.codegen.checks import agree
+        from deinsum.runtime.checks import agree
         rank = MPI.COMM_WORLD.rank
 
         class Counting:
@@ -453,7 +453,7 @@ def test_randomized_disagreement_hundred_launches(tmp_path):
 @pytest.mark.parametrize("nprocs", [3, 4])
 def test_exchange_splits_pieces_over_the_message_limit(nprocs, tmp_path):
     from test_redistribute_mpi import JOB
-    forced = "import deinsum.codegen.exchange as _x\n_x.MAX_MESSAGE_BYTES = 24\n" + JOB
+    forced = "import deinsum.runtime.exchange as _x\n_x.MAX_MESSAGE_BYTES = 24\n" + JOB
     out = run_mpi(nprocs, forced, tmp_path=tmp_path, timeout=170)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[:2] == ["OK", str(nprocs)], out.stdout

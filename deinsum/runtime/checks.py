@@ -22,7 +22,7 @@ import tempfile
 import numpy as np
 from mpi4py import MPI
 
-from .memory import available_memory
+from ..memory import available_memory
 
 
 def _ranks(ranks):

@@ -4,7 +4,7 @@ STANDALONE: imports only mpi4py and the sibling runtime modules (emitted
 scripts carry this file); CuPy is imported when a device is opened, so a
 machine without it never needs it. :func:`open_device` gives each rank a
 :class:`Device` (the node's GPUs shared round-robin by its ranks). A
-:class:`~deinsum.codegen.runtime.Runtime` built with one
+:class:`~deinsum.runtime.runner.Runtime` built with one
 
 * uploads the blocks a group reads (timed as ``host_to_device``) and runs the
   group's kernel from ``kernels.py`` on the CuPy arrays (GEMMs through ``@``,

@@ -19,7 +19,7 @@ from .checks import agree, check_memory, check_output_path, collectively, load_n
 from .checks import node_place
 from .checks import save_atomically, validation_operands
 from .kernels import reference_einsum
-from .runtime import PHASES, Runtime, pin_blas_threads
+from .runner import PHASES, Runtime, pin_blas_threads
 
 
 class ProgramError(Exception):

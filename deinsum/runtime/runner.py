@@ -12,7 +12,7 @@ emitted, is straight-line code over a :class:`Runtime`::
     out = rt.gather(out, move=3, step=1)
 
 Every move kind (scatter, all-gather, reduce-scatter, ...) runs the same
-subarray ``Alltoallw`` :class:`~deinsum.codegen.exchange.Transfer`; the name
+subarray ``Alltoallw`` :class:`~deinsum.runtime.exchange.Transfer`; the name
 says what it amounts to. Communicators and datatypes are created on first use
 and kept until :meth:`Runtime.close` (``created`` counts them).
 """
@@ -86,7 +86,7 @@ class Runtime:
     timed under, its name in the byte log, and this rank's table of each of its
     steps, peers numbered in the world (:func:`deinsum.redistribute.rank_tables`).
     ``log`` and ``clock`` measure the current call (:meth:`reset` starts a new one).
-    With a ``device`` (a :class:`~deinsum.codegen.gpu.Device`) groups compute on
+    With a ``device`` (a :class:`~deinsum.runtime.gpu.Device`) groups compute on
     the GPU and moves stage device blocks through host memory.
     """
 

@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import DeinsumError
-from ..footprint import footprint_terms
-from ..schedule import Move
-from ..version import __version__
+from .errors import DeinsumError
+from .footprint import footprint_terms
+from .schedule import Move
+from .version import __version__
 
 #: The modules (under deinsum/) an emitted script carries, in dependency order.
-RUNTIME = ("errors.py", "layout.py", "redistribute.py", "codegen/kernels.py", "codegen/exchange.py",
-           "codegen/memory.py", "codegen/checks.py", "footprint.py", "codegen/gpu.py",
-           "codegen/runtime.py", "codegen/driver.py")
+RUNTIME = ("errors.py", "layout.py", "redistribute.py", "runtime/kernels.py", "runtime/exchange.py",
+           "memory.py", "runtime/checks.py", "footprint.py", "runtime/gpu.py",
+           "runtime/runner.py", "runtime/driver.py")
 #: What the driver (and the test harness that runs a script's own code) reaches besides the listing.
 ENTRY = ("script_main", "exit_with", "script_runtime", "validation_operands")
 BEGIN = "# " + "=" * 30 + " BEGIN deinsum runtime " + "=" * 30
@@ -223,7 +223,7 @@ def runtime_source(roots=ENTRY) -> str:
     """The definitions of the :data:`RUNTIME` modules reachable from the names ``roots`` as one block:
     their lines verbatim, without docstrings, comments (inline ones too), blank lines and their imports of
     each other."""
-    package = Path(__file__).parent.parent
+    package = Path(__file__).parent
     modules = [_module((package / m).read_text()) for m in RUNTIME]
     kept = _kept(modules, set(roots) | set(ENTRY))
     parts = [BEGIN, f"# deinsum {__version__}: what this program uses of deinsum/{{{', '.join(RUNTIME)}}},",
@@ -263,7 +263,7 @@ def _literal(layout) -> str:
 
 def generate(plan, device: str = "cpu") -> str:
     """The program's source text (see module docstring); with ``device='gpu'`` it also carries the GPU path
-    (:mod:`deinsum.codegen.gpu`) and runs there with ``--device gpu``."""
+    (:mod:`deinsum.runtime.gpu`) and runs there with ``--device gpu``."""
     d = plan.decomposition
     shapes = [tuple(d.sizes[c] for c in s) for s in d.raw_subscripts]
     sizes = {c: d.sizes[c] for c in sorted(set("".join(d.raw_subscripts)))}

@@ -116,7 +116,7 @@ def _stream_kernels():
         return None
     folders = list(spec.submodule_search_locations or []) if spec else []
     i, p = ctypes.c_long, ctypes.c_void_p
-    for path in sorted(f for d in folders for f in glob.glob(os.path.join(d, "codegen", "_stream*.so"))):
+    for path in sorted(f for d in folders for f in glob.glob(os.path.join(d, "runtime", "_stream*.so"))):
         try:   # a build of this interface (an older one left in place, e.g. by an editable install, is skipped)
             lib = ctypes.CDLL(path)
             if lib.stream_abi() != _STREAM_ABI or not lib.stream_supported():

@@ -1,1 +1,0 @@
-"""Emitted mpi4py programs and the standalone runtime pieces they carry."""
