@@ -16,7 +16,7 @@ from .sequence import SequencePlan, plan_sequence
 from .version import __version__
 
 
-def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memory: int | None = None,
+def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memory: int | str | None = None,
             inputs: str = "global", result: str = "all", threads: str | None = "auto", layouts: dict | None = None,
             casting: str = "safe", device: str = "cpu"):
     """Compile ``equation`` into a :class:`~deinsum.program.Program`.
@@ -24,8 +24,9 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
     With ``shapes`` it plans concretely; without, it is parametric and plans (and
     caches) per distinct shapes and number of ranks at call time; ``nprocs`` fixes
     the number of ranks for plans, reports and scripts (a call on another number is
-    an error). ``memory`` is the local memory per rank in elements (for the SOAP
-    bounds). ``inputs`` says where operands start ('global' on every rank, 'root'
+    an error). ``memory`` is the peak memory a rank may use, in bytes (an integer
+    or text like ``"4GiB"``, ``"500MB"``), its own blocks included: plans and the
+    SOAP bounds are made for it. ``inputs`` says where operands start ('global' on every rank, 'root'
     on rank 0, 'local' blocks); ``result`` where the result ends ('all', 'root',
     'distributed').
     The defaults, global and all, are those of every entry point (calls, plans,
@@ -43,8 +44,8 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
     ``close()``) to free its MPI objects. ``dtype``
     and ``casting`` follow ``numpy.einsum``: inputs are cast to ``dtype`` (default:
     their result type) only where numpy's ``casting`` rule allows it. A run refuses
-    a plan whose peak footprint per rank exceeds ``memory`` elements (default: the
-    memory the rank has). ``device='gpu'`` runs each rank's local contractions on a GPU
+    a plan whose peak footprint per rank exceeds ``memory`` bytes (default: the
+    node's free memory shared by its ranks). ``device='gpu'`` runs each rank's local contractions on a GPU
     with CuPy (the node's GPUs shared by its ranks; MPI staged through host memory);
     a call with CuPy arrays gets a CuPy result (inputs resident on the GPU), with
     numpy arrays a numpy result (copies to and from the GPU timed in ``last_run``).

@@ -150,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("equation", help='the einsum, e.g. "ijk,ja,ka->ia"')
         p.add_argument("--size", action="append", default=[], help="index sizes, e.g. i=1024,j=512 (repeatable)")
         p.add_argument("--dtype", default="float64", help="element type (default float64)")
-        p.add_argument("--memory", type=int, default=None, help="local memory per rank, in elements (SOAP S)")
+        p.add_argument("--memory", default=None,
+                       help="peak memory per rank, in bytes, e.g. 4GiB or 500MB (default: this machine's free "
+                            "memory shared by min(P, cores) ranks)")
         p.add_argument("--inputs", choices=INPUTS, default="global",
                        help="where the inputs start: on every rank (global, default), on rank 0, or local blocks")
         p.add_argument("--result", choices=RESULTS, default="all",

@@ -20,7 +20,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .memory import available_memory
+from .memory import as_bytes, default_memory
 from .decompose import Decomposition, Step
 from .errors import DeinsumError, check_choice
 from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
@@ -107,7 +107,7 @@ class Plan:
     decomposition: Decomposition
     nprocs: int
     dtype: np.dtype
-    memory: int
+    memory: int                          # bytes per rank
     inputs: str
     result: str
     analysis: object
@@ -117,6 +117,7 @@ class Plan:
     schedule: tuple[Move | Compute, ...]   # in order
     pinned: tuple[str, ...] = ()
     bound: PlanBound | None = None
+    memory_default: bool = False         # memory is this machine's default, not given
 
     @property
     def equation(self) -> str:
@@ -150,7 +151,7 @@ class Plan:
     @property
     def feasible(self) -> bool:
         """Whether a rank's memory holds at least its share of the data (the segment bound needs it)."""
-        return self.memory >= self.data_share
+        return self.memory >= self.data_share * self.dtype.itemsize
 
     @property
     def lower_bound_bytes(self) -> float:
@@ -177,7 +178,9 @@ class Plan:
         lines = [f"deinsum plan for {d.equation!r} on {self.nprocs} rank(s), dtype {self.dtype.name}",
                  f"  inputs: {INPUT_MODES[self.inputs]}; result: {RESULT_MODES[self.result]}"
                  + (f"; pinned: {', '.join(self.pinned)}" if self.pinned else ""),
-                 f"  memory per rank: {_human(self.memory * size)} ({self.memory:,} words of {size} B)"
+                 f"  memory per rank: {_human(self.memory)} ({self.memory:,} bytes"
+                 + (f"; default: this machine's free memory / {planning_ranks(self.nprocs)} rank(s), pass "
+                    f"memory= or --memory for the real figure)" if self.memory_default else ")")
                  + ("" if self.feasible else f"; INFEASIBLE: less than the data's share per rank, "
                                              f"{_human(self.data_share * size)}"),
                  str(d), ""]
@@ -238,7 +241,8 @@ class Plan:
                   if self.nprocs <= 4096 else None} for m in self.moves]
         return {"equation": self.equation, "nprocs": self.nprocs, "dtype": self.dtype.name,
                 "inputs": self.inputs, "result": self.result, "pinned": list(self.pinned),
-                "memory_bytes_per_rank": self.memory * size, "feasible": self.feasible,
+                "memory_bytes_per_rank": self.memory,
+                "memory_default": self.memory_default, "feasible": self.feasible,
                 "data_share_bytes_per_rank": self.data_share * size,
                 "entry": {n: layout(lay, s) for n, lay, s in zip(self.decomposition.input_names, self.entry,
                                                                   self.decomposition.input_subscripts)},
@@ -267,14 +271,13 @@ def _ratio(ours: float, bound: float) -> str:
     return f"{ours / bound:.3f}x" if bound > 0 else ("1 (both zero)" if ours == 0 else "inf (bound 0)")
 
 
-def default_memory(nprocs: int, itemsize: int) -> int:
-    """Words of memory a rank really has here: :func:`available_memory` over the ranks sharing this node,
-    ``min(nprocs, cpu count)`` at plan time.
+def planning_ranks(nprocs: int) -> int:
+    """The ranks a plan made without MPI assumes share this node, for its default memory: ``min(P, cores)``.
 
-    >>> default_memory(1, 8) > 0
-    True
+    >>> planning_ranks(1)
+    1
     """
-    return max(1, available_memory() // max(1, min(nprocs, os.cpu_count() or 1)) // itemsize)
+    return max(1, min(nprocs, os.cpu_count() or 1))
 
 
 def _holds_blocks(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray | None = None) -> bool:
@@ -519,7 +522,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     check_choice("inputs", inputs, INPUT_MODES)
     check_choice("result", result, RESULT_MODES)
     dtype = np.dtype(dtype)
-    memory = default_memory(nprocs, dtype.itemsize) if memory is None else int(memory)
+    memory_default = memory is None
+    memory = default_memory(planning_ranks(nprocs)) if memory_default else as_bytes(memory, error=DeinsumError)
     pins = dict(pin_names(layouts))
     check_pins(d, pins)
     if d.prepass and (inputs == "local" or set(pins) & {s.operands[0] for s in d.prepass}):
@@ -542,7 +546,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
                            f"not {result!r}")
     finish = (pin_layout(pins["out"], shape_of(d.output), nprocs, "out") if "out" in pins
               else None if result == "distributed" else mode_layout(result, shape_of(d.output), nprocs))
-    analysis = analyze(d, S=memory, P=nprocs) if d.steps else None
+    analysis = analyze(d, S=max(1, memory // dtype.itemsize), P=nprocs) if d.steps else None
 
     if not d.steps:  # a single operand (global or root): the pre-pass makes the result where the operand is
         src = mode_layout(inputs, shape_of(d.output), nprocs)
@@ -550,7 +554,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
         schedule = () if _holds_blocks(src, final, nprocs) else (
             Move("out", "gather" if finish is not None else "redistribute", src, final, nprocs),)
         return Plan(d, nprocs, dtype, memory, inputs, result, analysis, (), (starts["in0"],), final, schedule,
-                    tuple(sorted(pins)))
+                    tuple(sorted(pins)), memory_default=memory_default)
 
     planner = _Planner(d, nprocs, starts, first, finish)
     scored = []
@@ -568,7 +572,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     by_index = {g.index: g for g in groups}
     schedule = tuple(Compute(by_index[item.index]) if kind == "compute" else item for kind, item in best.items)
     plan = Plan(d, nprocs, dtype, memory, inputs, result, analysis, groups,
-                tuple(entry[n] for n in d.input_names), entry["out"], schedule, tuple(sorted(pins)))
+                tuple(entry[n] for n in d.input_names), entry["out"], schedule, tuple(sorted(pins)),
+                memory_default=memory_default)
     states = {partition: state for _, partition, state in scored}
     states[scored[0][1]] = best
     return replace(plan, bound=_plan_bound(plan, analysis, states, scored[0][1]))
@@ -597,7 +602,7 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
             owned[name] = max(owned.get(name, 0), block)
         bounds = []   # (words, what binds) of each group; the last group's result may have to end whole
         for g in c.groups:
-            b = parallel_bound(g.statement, d.sizes, nprocs, plan.memory, owned)
+            b = parallel_bound(g.statement, d.sizes, nprocs, plan.memory // plan.dtype.itemsize, owned)
             words, binding = (_whole(b.Q), b.binding) if feasible else (_whole(b.Q_indep), "memory-independent")
             bounds.append((copies, RESULT_COPIES) if last in g.steps and copies > words else (words, binding))
         per_partition[c.partition] = bounds

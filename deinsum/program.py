@@ -27,7 +27,7 @@ from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
 from .errors import DeinsumError, as_dtype, check_choice
 from .footprint import footprint
-from .layout import check_count
+from .memory import as_bytes
 from .plan import INPUT_MODES, RESULT_MODES, Plan, build_plan, check_pins, pin_names
 from .schedule import Move
 from .soap import analyze
@@ -160,7 +160,7 @@ class Program:
                                 ("result", RESULT_MODES), ("threads", ("auto", None))]:
             check_choice(option, getattr(self, option), choices)
         if self.memory is not None:
-            check_count(self.memory, "memory (elements per rank)", 1)
+            self.memory = as_bytes(self.memory, error=DeinsumError)
         pin_names(self.layouts)   # a dict of tensor names (or operand numbers) to layouts
         if not isinstance(self.equation, str):
             raise DeinsumError(f"the einsum equation must be a string, not {type(self.equation).__name__}")
@@ -192,7 +192,9 @@ class Program:
         if self.decomposition is None:
             raise DeinsumError(f"{self.equation!r}: bounds of an einsum with '...' need shapes: compile with shapes")
         p = nprocs if nprocs is not None else self.nprocs
-        return analyze(self.decomposition, S=self.memory, P=p)
+        words = None if self.memory is None else max(1, as_bytes(self.memory, error=DeinsumError) // as_dtype(
+            self.dtype if self.dtype is not None else np.float64).itemsize)
+        return analyze(self.decomposition, S=words, P=p)
 
     def report(self, format: str = "text", nprocs: int | None = None, inputs: str | None = None,
                result: str | None = None) -> str:
@@ -396,7 +398,7 @@ class Program:
                                    f"(replicated) or DistributedArrays")
 
     def _checked(self, plan, memory, shapes, arrays, rank, pins):
-        """``plan`` with the agreed ``memory`` (words per rank), once it fits that memory, and this rank's
+        """``plan`` with the agreed ``memory`` (bytes per rank), once it fits that memory, and this rank's
         operands as the plan takes them (local blocks checked against its entry layouts)."""
         if plan.memory != memory:
             plan = _plan(self.equation, tuple(map(tuple, shapes)), plan.nprocs, plan.dtype, memory, plan.inputs,
@@ -418,7 +420,7 @@ class Program:
 
 def check_footprint(plan, limit: int | None = None) -> None:
     """Raise a one-line DeinsumError if some rank's peak footprint exceeds ``limit`` bytes per rank
-    (default: the plan's ``memory`` words, itself by default :func:`deinsum.plan.default_memory`),
+    (default: the plan's ``memory``, itself by default :func:`deinsum.memory.default_memory`),
     before anything is allocated.
 
     >>> import deinsum
@@ -427,7 +429,7 @@ def check_footprint(plan, limit: int | None = None) -> None:
     ...
     deinsum.errors.DeinsumError: the plan of 'i,j->ij' on 2 rank(s) needs 13,080,576 bytes per rank at its peak (rank 0) but 1,000,000 bytes are available per rank; use more ranks, or less replication (inputs/result 'local'/'distributed'), or raise the memory limit
     """
-    limit = plan.memory * plan.dtype.itemsize if limit is None else int(limit)
+    limit = plan.memory if limit is None else int(limit)
     need = footprint(plan)
     rank = int(np.argmax(need))
     check_memory(int(need[rank]), limit, f"the plan of {plan.equation!r} on {plan.nprocs} rank(s)", rank,

@@ -106,7 +106,7 @@ def model_row(kernel: str, nprocs: int) -> ModelRow:
     row.idle = max(g.grid.idle for g in plan.groups)
     row.lower_bound = plan.lower_bound_bytes
     row.schedule_bound = plan.bound.chosen_words * DTYPE.itemsize
-    row.memory_words = plan.memory
+    row.memory_words = plan.memory // plan.dtype.itemsize
     return row
 
 

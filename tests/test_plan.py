@@ -203,15 +203,15 @@ def test_plan_json_carries_the_whole_plan():
     for move in data["moves"]:
         assert len(move["bytes_received_per_rank"]) == 8 and len(move["bytes_sent_per_rank"]) == 8
         assert sum(move["bytes_received_per_rank"]) == sum(move["bytes_sent_per_rank"])
-    assert math.isclose(data["memory_bytes_per_rank"], plan.memory * 8)
+    assert data["memory_bytes_per_rank"] == plan.memory and data["memory_default"] is True
 
 
 def test_memory_below_the_data_share_is_reported_infeasible():
     sizes = dict(i=40, j=30, k=20, a=6)
     share = sum(-(-n // 8) for n in (40 * 30 * 20, 30 * 6, 20 * 6, 40 * 6))
-    tight = fair_plan("ijk,ja,ka->ia", sizes, 8, memory=share - 1)
+    tight = fair_plan("ijk,ja,ka->ia", sizes, 8, memory=8 * share - 1)
     assert not tight.feasible and "INFEASIBLE" in str(tight) and tight.to_dict()["feasible"] is False
-    assert fair_plan("ijk,ja,ka->ia", sizes, 8, memory=share).feasible
+    assert fair_plan("ijk,ja,ka->ia", sizes, 8, memory=f"{8 * share} B").feasible
 
 
 @pytest.mark.parametrize("name", SUITE)
@@ -227,6 +227,6 @@ def test_global_inputs_over_the_memory_make_the_plan_infeasible_and_drop_the_seg
     """A rank holding whole global inputs beyond its memory breaks the segment argument's premise: the plan
     says INFEASIBLE and its bound is the memory-independent one (717 words here, before, for a plan
     that received none)."""
-    plan = build_plan(decompose("ij,jk->ik", (128, 128), (128, 128)), 64, memory=800, inputs="global")
+    plan = build_plan(decompose("ij,jk->ik", (128, 128), (128, 128)), 64, memory=6400, inputs="global")
     assert not plan.feasible and plan.data_share == 2 * 128 * 128 + 128 * 128 // 64
     assert plan.bound.words <= busiest(plan) == 0 and "INFEASIBLE" in str(plan)

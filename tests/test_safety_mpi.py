@@ -134,13 +134,13 @@ def test_a_bad_local_block_on_one_rank_raises_on_every_rank_and_nobody_hangs(tmp
 def test_a_plan_is_reused_only_when_every_rank_repeats_its_call(tmp_path):
     res = run_mpi(3, job('''
         X, A = np.arange(30.).reshape(6, 5), np.arange(20.).reshape(5, 4)
-        prog = deinsum.compile("ij,jk->ik", memory=10**7)
+        prog = deinsum.compile("ij,jk->ik", memory="80MB")
         attempt("first", lambda: prog(X, A), want=X @ A)
         if rank == 0:                                   # a call of rank 0 alone: only its cache moves on
             attempt("alone", lambda: prog(X, A, comm=MPI.COMM_SELF), want=X @ A)
         attempt("after alone", lambda: prog(X, A), want=X @ A)
         if rank == 1:                                   # one rank's memory changes: everyone plans again
-            prog.memory = 2 * 10**7
+            prog.memory = 16 * 10**7
         attempt("one memory", lambda: prog(X, A), want=X @ A)
         prog.equation = "ij,jk->ki"                     # a changed equation is planned again
         attempt("equation", lambda: prog(X, A), want=(X @ A).T)
@@ -198,8 +198,8 @@ def test_a_plan_over_the_memory_limit_is_refused_before_allocation(tmp_path):
         import resource
         x = np.ones(100_000)
         attempt("default", lambda: deinsum.einsum("i,j->ij", x, x))   # 40 GB per rank: more than this machine has
-        attempt("given", lambda: deinsum.einsum("i,j->ij", x[:1000], x[:1000], memory=10**5))
-        attempt("fits", lambda: deinsum.einsum("i,j->ij", x[:100], x[:100], memory=10**6), want=np.ones((100, 100)))
+        attempt("given", lambda: deinsum.einsum("i,j->ij", x[:1000], x[:1000], memory=8 * 10**5))
+        attempt("fits", lambda: deinsum.einsum("i,j->ij", x[:100], x[:100], memory="8MB"), want=np.ones((100, 100)))
         print(f"rank {rank} maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} KiB", flush=True)
     '''), tmp_path=tmp_path, timeout=120)
     assert_clean(res, code=3)

@@ -22,7 +22,6 @@ import tempfile
 import numpy as np
 from mpi4py import MPI
 
-from ..memory import available_memory
 
 
 def _ranks(ranks):
@@ -254,12 +253,6 @@ def matches(result, want, dtype):
         return False
     scale = float(np.max(np.abs(want.astype(np.complex128)), initial=0))
     return bool(np.allclose(result, want, rtol=rtol, atol=rtol * scale))
-
-
-def memory_available(ranks_on_node):
-    """Bytes one of ``ranks_on_node`` ranks may use: :func:`available_memory` divided among them (the
-    library's ``deinsum.plan.default_memory`` divides the same reading by the ranks it plans for)."""
-    return available_memory() // max(1, ranks_on_node)
 
 
 def node_place(comm):

@@ -15,7 +15,8 @@ from mpi4py import MPI
 
 from ..footprint import peak_bytes
 from ..redistribute import rank_tables
-from .checks import agree, check_memory, check_output_path, collectively, load_npy, matches, memory_available
+from ..memory import as_bytes, default_memory
+from .checks import agree, check_memory, check_output_path, collectively, load_npy, matches
 from .checks import node_place
 from .checks import save_atomically, validation_operands
 from .kernels import reference_einsum
@@ -75,8 +76,9 @@ def script_main(ns, argv=None):
     parser.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0")
     parser.add_argument("--repeat", type=int, default=1, help="run K times; report median [min, max]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    parser.add_argument("--memory", type=int, default=None,
-                        help="bytes per rank the run may use (default: MemAvailable shared by the node's ranks)")
+    parser.add_argument("--memory", default=None,
+                        help="bytes per rank the run may use, e.g. 4GiB or 500MB (default: MemAvailable shared by "
+                             "the node's ranks)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="where local contractions run; gpu: CuPy, inputs and result on the host (copies timed)")
     args = parser.parse_args(argv)
@@ -90,7 +92,7 @@ def script_main(ns, argv=None):
         check_sizes(args.size, ns["SIZES"])
         if args.repeat < 1:
             raise ProgramError("--repeat must be >= 1")
-        limit = memory_available(node_ranks) if args.memory is None else args.memory
+        limit = default_memory(node_ranks) if args.memory is None else as_bytes(args.memory, "--memory", ProgramError)
         need = int(peak_bytes(ns["FOOTPRINT"], [comm.rank], np.dtype(ns["DTYPE"]).itemsize)[0])
         check_memory(need, limit, "this program", comm.rank, ProgramError)
         if comm.rank == 0 and args.save:
