@@ -236,7 +236,7 @@ class Program:
                                f"result {' or '.join(SCRIPT_RESULTS)})")
         check_output_path(path, DeinsumError)
         text = generate(self.plan(nprocs=nprocs, dtype=dtype, inputs=inputs, result=result), self.device).encode()
-        write_atomically(path, lambda f: f.write(text))   # a unique temporary name: every rank may call it
+        write_atomically(path, lambda f: f.write(text), DeinsumError)   # every rank may call it
         return Path(path)
 
     def input_blocks(self, rank: int, nprocs: int, dtype=None, result: str | None = None

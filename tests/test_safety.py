@@ -126,3 +126,14 @@ def test_tolerance_is_loose_enough_for_float16_and_exact_for_integers():
     assert checks.matches(got, want, np.float16) and not checks.matches(got + np.float16(0.5), want, np.float16)
     i = np.arange(6, dtype=np.int32)
     assert checks.matches(i, i, np.int32) and not checks.matches(i + 1, i, np.int32)
+
+
+def test_matches_takes_the_same_nan_and_infinities_as_equal(recwarn):
+    want = np.array([1.0, np.nan, np.inf, -np.inf, 2.0])
+    assert checks.matches(want.copy(), want, np.float64) and checks.max_error(want, want) == 0
+    for n, other in [(0, 1.5), (1, 0.0), (2, -np.inf), (3, 1.0), (0, np.nan)]:   # inf does not widen the tolerance
+        got = want.copy()
+        got[n] = other
+        assert not checks.matches(got, want, np.float64), (n, other)
+        assert not checks.max_error(got, want) < 0.5
+    assert not recwarn.list

@@ -64,7 +64,7 @@ def assert_clean(res, stray_dir: Path | None = None, code: int | None = None):
     if code is not None:
         assert res.returncode == code, (res.returncode, res.stderr)
     if stray_dir is not None:
-        assert not [p.name for p in stray_dir.iterdir() if ".tmp" in p.name], list(stray_dir.iterdir())
+        assert not [p.name for p in stray_dir.iterdir() if "tmp" in p.name], list(stray_dir.iterdir())
 
 
 # ---- row 1: different shapes or equations with global inputs ---------------------------------------
@@ -293,8 +293,10 @@ def _script_run(script, *args, mpi4py=True, timeout=90):
 def test_emitted_script_checks_its_output_path_before_computing(tmp_path, mpi4py):
     script = deinsum.compile("ij,jk->ik", (6, 5), (5, 4)).to_script(tmp_path / "p.py", nprocs=2)
     (tmp_path / "adir").mkdir()
+    os.mkfifo(tmp_path / "fifo")
     for target, message in [(tmp_path / "missing" / "o.npy", "does not exist"), (tmp_path / "adir", "is a directory"),
-                            (f"{tmp_path / 'adir'}/", "is a directory")]:
+                            (f"{tmp_path / 'adir'}/", "is a directory"), (tmp_path / "fifo", "is a FIFO"),
+                            ("", "is an empty path")]:
         res = _script_run(script, "--save", str(target), mpi4py=mpi4py)
         assert_clean(res, tmp_path, code=2)
         assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr

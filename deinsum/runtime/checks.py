@@ -15,9 +15,14 @@ Traceback (most recent call last):
 ...
 ValueError: operand 1: bad shape
 """
+import contextlib
 import hashlib
 import os
-import tempfile
+import re
+import signal
+import socket
+import stat
+import threading
 
 import numpy as np
 from mpi4py import MPI
@@ -123,53 +128,125 @@ def collectively(comm, check, *args, error=ValueError):
 
 
 def check_output_path(path, error=ValueError):
-    """Raise ``error`` unless ``path`` can be written as a file: its directory exists and is
-    writable, and it is not a directory (nor ends with a separator).
+    """The file a save to ``path`` writes (``path`` itself, or a symlink's target, resolved fully), or a
+    one-line ``error``: an empty path, a path that exists and is not a regular file (a directory,
+    device, FIFO or socket), a missing or unwritable directory, an unwritable file.
 
     >>> check_output_path("/", KeyError)
     Traceback (most recent call last):
     ...
     KeyError: "output '/' is a directory, expected a file name"
+    >>> check_output_path("/dev/null", KeyError)
+    Traceback (most recent call last):
+    ...
+    KeyError: "output '/dev/null' is a character device, not a regular file: saves write only regular files"
     """
     text = os.fspath(path)
-    if not text or text.endswith(os.sep) or os.path.isdir(text):
+    if not text:
+        raise error("output '' is an empty path, expected a file name")
+    target = os.path.realpath(text)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise error(f"output {text!r}: {exc.strerror}") from None
+    if text.endswith(os.sep) or mode is not None and stat.S_ISDIR(mode):
         raise error(f"output {text!r} is a directory, expected a file name")
-    folder = os.path.dirname(os.path.abspath(text))
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = next(k for test, k in _NODES if test(mode))
+        raise error(f"output {text!r} is a {kind}, not a regular file: saves write only regular files")
+    folder = os.path.dirname(target)
     if not os.path.isdir(folder):
         raise error(f"output {text!r}: the directory {folder!r} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise error(f"output {text!r}: the directory {folder!r} is not writable")
-    if os.path.exists(text) and not os.access(text, os.W_OK):
+    if mode is not None and not os.access(target, os.W_OK):
         raise error(f"output {text!r} exists and is not writable")
+    return target
 
 
-def write_atomically(path, write):
-    """Call ``write(file)`` on a new temporary file in ``path``'s directory, then rename it to
-    ``path``: never a half-written ``path``, never a leftover temporary file (its name is
-    unique to this process and call)."""
-    path = os.fspath(path)
-    folder, name = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+_NODES = ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "FIFO"),
+          (stat.S_ISSOCK, "socket"), (lambda mode: True, "special file"))
+
+
+def write_atomically(path, write, error=ValueError):
+    """Call ``write(file)`` on a temporary file beside the file :func:`check_output_path` names (a
+    symlink's target: the link stays), then rename it onto that file: never a half-written file. The
+    temporary, ``.<name>.deinsum-tmp.<host>.<pid>``, is removed on any exception and on SIGTERM; one
+    left by a killed process (``kill -9``) is removed by the next save of the same file on its host.
+    One save of a file at a time per process."""
+    target = check_output_path(path, error)
+    folder, name = os.path.split(target)
+    prefix = f".{name}.deinsum-tmp.{socket.gethostname()}."
+    _remove_stale(folder, prefix)
+    temporary = os.path.join(folder, f"{prefix}{os.getpid()}")
+    with _sigterm_raises():
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # the umask applies
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
+
+
+def _remove_stale(folder, prefix):
+    """Remove the files ``prefix<pid>`` in ``folder`` (``prefix`` names this host) whose process no longer
+    runs, or is this one (then an earlier process with this pid left it): never a live process's."""
+    for entry in os.listdir(folder):
+        pid = entry[len(prefix):]
+        if entry.startswith(prefix) and re.fullmatch("[1-9][0-9]*", pid) and not _runs_elsewhere(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, entry))
+
+
+def _runs_elsewhere(pid):
+    """Whether ``pid`` is a running process of this host other than this one."""
+    if pid == os.getpid():
+        return False
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's process: it runs
+        pass
+    return True
 
 
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+class _Terminated(BaseException):
+    """SIGTERM during a save (raised by the handler :func:`_sigterm_raises` installs)."""
 
 
-def save_atomically(path, array):
+@contextlib.contextmanager
+def _sigterm_raises():
+    """While a save writes, SIGTERM (a scheduler's time limit) raises :class:`_Terminated`, so that the
+    temporary file is removed; then the process dies of the SIGTERM as it would have. Only in the main
+    thread, and only where SIGTERM has its default action (else it is left as it is)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL):
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+        raise   # only if this thread blocks SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def save_atomically(path, array, error=ValueError):
     """``numpy.save`` to exactly ``path`` (no ``.npy`` appended), atomically (see :func:`write_atomically`)."""
-    write_atomically(path, lambda f: np.save(f, array, allow_pickle=False))
+    write_atomically(path, lambda f: np.save(f, array, allow_pickle=False), error)
 
 
 def load_npy(path, shape, dtype, casting="safe", what="input", error=ValueError):
@@ -245,14 +322,32 @@ def tolerance(dtype):
 
 
 def matches(result, want, dtype):
-    """Whether ``result`` equals the numpy reference ``want`` within :func:`tolerance` (scaled
-    by the largest reference magnitude, so cancellation is not a false mismatch)."""
+    """Whether ``result`` equals the numpy reference ``want`` within :func:`tolerance` (scaled by the
+    largest finite reference magnitude, so cancellation is not a false mismatch); NaN and infinities
+    must sit where numpy has them (the same NaN or the same infinity there).
+
+    >>> matches([1.0, np.nan, -np.inf], [1.0, np.nan, -np.inf], "float64")
+    True
+    """
     rtol = tolerance(dtype)
     result, want = np.asarray(result), np.asarray(want)
     if result.shape != want.shape:
         return False
-    scale = float(np.max(np.abs(want.astype(np.complex128)), initial=0))
-    return bool(np.allclose(result, want, rtol=rtol, atol=rtol * scale))
+    scale = float(np.max(np.abs(want[np.isfinite(want)].astype(np.complex128)), initial=0))
+    return bool(np.allclose(result, want, rtol=rtol, atol=rtol * scale, equal_nan=True))
+
+
+def max_error(result, want):
+    """The largest ``|result - want|``, where both hold the same NaN or infinity counting as 0 (NaN
+    where only one holds a NaN, inf where only one an infinity).
+
+    >>> max_error([1.0, np.nan, np.inf], [1.5, np.nan, np.inf])
+    0.5
+    """
+    result, want = np.asarray(result), np.asarray(want)
+    same = (result == want) | np.isnan(result) & np.isnan(want)
+    with np.errstate(invalid="ignore"):
+        return float(np.max(np.where(same, 0, np.abs(result - want)), initial=0))
 
 
 def node_place(comm):

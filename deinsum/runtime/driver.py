@@ -16,7 +16,7 @@ from mpi4py import MPI
 from ..footprint import peak_bytes
 from ..redistribute import rank_tables
 from ..memory import as_bytes, default_memory
-from .checks import agree, check_memory, check_output_path, collectively, load_npy, matches
+from .checks import agree, check_memory, check_output_path, collectively, load_npy, matches, max_error
 from .checks import node_place
 from .checks import save_atomically, validation_operands
 from .kernels import reference_einsum
@@ -95,7 +95,7 @@ def script_main(ns, argv=None):
         limit = default_memory(node_ranks) if args.memory is None else as_bytes(args.memory, "--memory", ProgramError)
         need = int(peak_bytes(ns["FOOTPRINT"], [comm.rank], np.dtype(ns["DTYPE"]).itemsize)[0])
         check_memory(need, limit, "this program", comm.rank, ProgramError)
-        if comm.rank == 0 and args.save:
+        if comm.rank == 0 and args.save is not None:
             check_output_path(args.save, ProgramError)
         if comm.rank == 0 or ns["INPUTS"] == "global":
             if args.load:
@@ -141,11 +141,10 @@ def script_main(ns, argv=None):
             if args.validate:
                 want = reference_einsum(ns["EQUATION"], *operands)
                 ok = matches(result, want, ns["DTYPE"])
-                print(f"validate: {'OK' if ok else 'MISMATCH'} (max abs error "
-                      f"{float(np.max(np.abs(result - want), initial=0)):.3g})")
+                print(f"validate: {'OK' if ok else 'MISMATCH'} (max abs error {max_error(result, want):.3g})")
                 status = 0 if ok else 1
-            if args.save:
-                save_atomically(args.save, result)
+            if args.save is not None:
+                save_atomically(args.save, result, ProgramError)
                 print(f"wrote {args.save}")
         except Exception as exc:  # noqa: BLE001 - e.g. a full disk: one line, and no rank left waiting
             failure = f"{type(exc).__name__}: {exc}"
