@@ -110,8 +110,14 @@ def cmd_bound(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    """Print the plan; exit 2 where no plan fits the memory per rank (the report says what would)."""
     prog = _program(args, args.nprocs, needs_sizes=True)
     print(prog.report("json" if args.json else "text", nprocs=args.nprocs))
+    plan = prog.plan(nprocs=args.nprocs)
+    if not plan.feasible:
+        print(f"deinsum: error: INFEASIBLE: no plan fits {plan.memory:,} bytes per rank; the least peak of any "
+              f"plan found is {plan.peak_bytes:,} bytes per rank (--memory {plan.peak_bytes})", file=sys.stderr)
+        return 2
     return 0
 
 

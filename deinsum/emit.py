@@ -280,7 +280,7 @@ def generate(plan, device: str = "cpu") -> str:
     names = _layouts(plan)
 
     def terms(group):
-        return "".join(f"\n        ({names[layout]}, {word}, {holder})," for layout, word, holder in group)
+        return "".join(f"\n        ({names[layout]}, {word}, {holder}, {cut!r})," for layout, word, holder, cut in group)
 
     data = [
         f"# {'=' * 20} the plan's data {'=' * 20}",
@@ -295,14 +295,16 @@ def generate(plan, device: str = "cpu") -> str:
         "OPEN_DEVICE = None  # emitted for the CPU (emit with device='gpu' for --device gpu)",
         "# the layouts: Layout(shape, grid, axes[, partial]); axes[x] = the grid dimension(s) splitting axis x",
         "\n".join(f"{name} = {_literal(layout)}" for layout, name in names.items()),
-        "# MOVES[k] = (timer, label, source layout, destination layout, split) of move k, from which every rank",
-        "# builds its own exchange tables at start-up (split: None, or how a reduce-scatter first cuts each block)",
+        "# MOVES[k] = (timer, label, source layout, destination layout, split, rounds) of move k, from which every",
+        "# rank builds its own exchange tables at start-up (split: None, or how a reduce-scatter first cuts each",
+        "# block; rounds: None, or (axis, T): T steps, each bringing one round's part of the block along axis)",
         "MOVES = [" + "".join(f"\n    ({m.phase!r}, {m.label!r}, {names[m.src]}, {names[m.dst]}, "
-                              f"{m.redistribution.split!r})," for m in plan.moves) + "\n]",
+                              f"{m.redistribution.split!r}, {m.rounds!r})," for m in plan.moves) + "\n]",
         "# peak bytes per rank (an upper bound), checked against --memory before any work: the held terms plus",
-        "# the largest transient, each term (layout, words per element of its block, words where it holds one)",
+        "# the largest transient, each term (layout, words per element of its block, words where it holds one,",
+        "# (axis, rounds) where one round's part of the block counts)",
         "FOOTPRINT = (\n    (" + terms(held) + "\n    ),\n    (" + "".join(
-            f"\n        ({', '.join(f'({names[layout]}, {w}, {h})' for layout, w, h in group)},),"
+            f"\n        ({', '.join(f'({names[layout]}, {w}, {h}, {c!r})' for layout, w, h, c in group)},),"
             for group in transients) + "\n    ),\n)",
     ]
     for g in plan.groups:
@@ -345,15 +347,45 @@ def _group_function(g, moves, reads) -> str:
     lines = [f"def group{g.index}(rt, {reads}):",
              f'    """{"; ".join(s.operation for s in g.steps)} on grid {g.index} ({dims}), {g.grid.used} rank(s)'
              + (f"; {g.grid.idle} idle" if g.grid.idle else "") + '."""']
-    for m, k in moves:
-        lines += _move_lines(m, k)
-    lines.append(f"    if rt.member({grid}):")
-    lines.append(f"        {_name(g.output)} = rt.contract_group({tuple(sub for _, sub in g.reads)!r}, "
-                 f"{g.output_subscripts!r}, {reads})  # {', '.join(s.kind for s in g.steps)}")
-    lines += ["    else:", f"        {_name(g.output)} = None"]
+    if g.rounds:
+        lines += _round_lines(g, moves, grid)
+    else:
+        for m, k in moves:
+            lines += _move_lines(m, k)
+        lines.append(f"    if rt.member({grid}):")
+        lines.append(f"        {_name(g.output)} = rt.contract_group({tuple(sub for _, sub in g.reads)!r}, "
+                     f"{g.output_subscripts!r}, {reads})  # {', '.join(s.kind for s in g.steps)}")
+        lines += ["    else:", f"        {_name(g.output)} = None"]
     split = [g.indices[k] for k in g.grid.reduction_dims if g.grid.dims[k] > 1]
     lines.append(f"    return {_name(g.output)}" + (f"  # partial sums over ({', '.join(split)})" if split else ""))
     return "\n".join(lines)
+
+
+def _round_lines(g, moves, grid) -> list[str]:
+    """A group in rounds: each round brings its part of the moved blocks (one step of their moves), takes
+    its part of the blocks held in place, and adds its partial result into the group's."""
+    index, count = g.rounds
+    rounded = {m.tensor: (m, k) for m, k in moves if m.rounds}
+    lines = [line for m, k in moves if not m.rounds for line in _move_lines(m, k)]
+    lines += [f"    # {m.label}: {m.src} -> {m.dst}, one part along axis {m.rounds[0]} per round"
+              for m, _ in rounded.values()]
+    out, parts = _name(g.output), []
+    lines += [f"    {out} = None", f"    for t in range({count}):  # rounds over {index}: the sum of their results"]
+    for name, sub in g.reads:
+        if name in rounded:
+            m, k = rounded[name]
+            e = m.exchanges[0]
+            comm = "rt.world" if e.comm.group is None else e.comm.name
+            if e.comm.group is not None:
+                lines.append(f"        {comm} = rt.cart_sub(GRID{e.comm.group}, remain={e.comm.remain!r})")
+            lines.append(f"        {_name(name)}_t = rt.{e.kind}({_name(name)}, move={k}, step=t, comm={comm})")
+        elif index in sub:
+            lines.append(f"        {_name(name)}_t = rt.slab({_name(name)}, {sub.index(index)}, {count}, t)")
+        parts.append(f"{_name(name)}_t" if name in rounded or index in sub else _name(name))
+    lines.append(f"        {out} = rt.contract_round({grid}, {out}, {tuple(sub for _, sub in g.reads)!r}, "
+                 f"{g.output_subscripts!r}, {', '.join(parts)})  # {', '.join(s.kind for s in g.steps)}")
+    lines.append(f"        del {', '.join(p for p in parts if p.endswith('_t'))}")
+    return lines
 
 
 def _move_lines(move, k) -> list[str]:

@@ -6,7 +6,10 @@ or emitted) holds at once on a rank, in bytes:
 * the inputs as the caller holds them (their entry layouts, raw shapes), and the
   result of any unary pre-pass;
 * every block the program binds: each move's destination block and each step's
-  output block on its group's grid (the program keeps its names to the end);
+  output block on its group's grid (the program keeps its names to the end); in a
+  group that runs in rounds, one round's part of the blocks that hold the rounds'
+  index (its moves' destinations, its steps' operands and outputs), and the round's
+  partial result on top;
 * the largest transient on top: a step's operand copies (transposes for BLAS),
   or a reduction's staging buffers (partial sums received before they are added)
   and the copy that releases them;
@@ -33,45 +36,60 @@ SLACK = 2**20
 
 def footprint_terms(plan) -> tuple:
     """The plan's peak as layouts, ``(held, transients)``: the sum of the ``held`` terms plus the largest sum of
-    one tuple of ``transients``, each term ``(layout, per_word, per_holder)`` counting ``per_word`` words per
-    element of the layout's block and ``per_holder`` words where the rank holds a block (see
-    :func:`peak_bytes`). Small (a few terms per move and step), so emitted scripts carry it."""
+    one tuple of ``transients``, each term ``(layout, per_word, per_holder, cut)`` counting ``per_word`` words
+    per element of the layout's block (of one round's part of it where ``cut`` is ``(axis, rounds)``) and
+    ``per_holder`` words where the rank holds a block (see :func:`peak_bytes`). Small (a few terms per move
+    and step), so emitted scripts carry it."""
     d = plan.decomposition
     sizes = d.sizes
     volume = lambda sub: int(np.prod([sizes[c] for c in sub], dtype=np.int64))  # noqa: E731
-    held = [(layout, 1, 0) for layout in plan.entry]
+    held = [(layout, 1, 0, ()) for layout in plan.entry]
     for s in d.prepass:   # the caller keeps its raw operand; the pre-pass result comes on top
         n = 0 if s.name == "out" else d.input_names.index(s.name)
-        held.append((plan.entry[n], 0, volume(s.output) if s.name == "out" else volume(d.raw_subscripts[n])))
+        held.append((plan.entry[n], 0, volume(s.output) if s.name == "out" else volume(d.raw_subscripts[n]), ()))
     transients = []
     for m in plan.moves:
-        held.append((m.dst, 1, 0))
+        held.append((m.dst, 1, 0, m.rounds or ()))
         if m.src.partial:   # staged partial sums (<= one dst block per summand) and the copy that frees them
-            transients.append(((m.dst, m.src.n_summands, 0), (m.src, 2, 0)))
+            transients.append(((m.dst, m.src.n_summands, 0, ()), (m.src, 2, 0, ())))
     for g in plan.groups:
+        index, rounds = g.rounds or ("", 1)
+        cut = lambda sub: (sub.index(index), rounds) if index and index in sub else ()  # noqa: E731
+        result = (g.grid.layout(g.output_subscripts, sizes, partial=False), 1, 0, ()) if g.rounds else None
         for s in g.steps:
-            held.append((g.grid.layout(s.output, sizes, partial=False), 1, 0))
-            transients.append(tuple((g.grid.layout(sub, sizes, partial=False), 1, 0) for sub in s.subscripts))
+            held.append((g.grid.layout(s.output, sizes, partial=False), 1, 0, cut(s.output)))
+            copies = tuple((g.grid.layout(sub, sizes, partial=False), 1, 0, cut(sub)) for sub in s.subscripts)
+            transients.append(copies + ((result,) if result else ()))
     return tuple(held), tuple(transients)
+
+
+def term_words(group: tuple, ranks: np.ndarray) -> np.ndarray:
+    """Words of one tuple of :func:`footprint_terms` terms at ``ranks``; vectorised.
+
+    >>> from deinsum.layout import Layout
+    >>> even = Layout.even((10, 8), 2)                        # blocks of 5 x 8
+    >>> term_words(((even, 1, 0, ()), (even, 1, 0, (0, 2))), np.arange(2)).tolist()   # and 3 x 8 of a round
+    [64, 64]
+    """
+    total = np.zeros(ranks.size, dtype=np.int64)
+    for layout, per_word, per_holder, cut in group:
+        lo, hi = layout.boxes_of(ranks)
+        extent = hi - lo
+        if cut:
+            extent[:, cut[0]] = -(-extent[:, cut[0]] // cut[1])
+        total += per_word * np.prod(extent, axis=1, dtype=np.int64) + per_holder * (ranks < layout.nranks)
+    return total
 
 
 def peak_bytes(terms: tuple, ranks, itemsize: int) -> np.ndarray:
     """Peak bytes of :func:`footprint_terms` ``terms`` at ``ranks`` for elements of ``itemsize`` bytes,
     ``SLACK`` included; vectorised."""
     ranks = np.asarray(ranks, dtype=np.int64)
-
-    def words(group):
-        total = np.zeros(ranks.size, dtype=np.int64)
-        for layout, per_word, per_holder in group:
-            lo, hi = layout.boxes_of(ranks)
-            total += per_word * np.prod(hi - lo, axis=1, dtype=np.int64) + per_holder * (ranks < layout.nranks)
-        return total
-
     held, transients = terms
     transient = np.zeros(ranks.size, dtype=np.int64)
     for group in transients:
-        transient = np.maximum(transient, words(group))
-    return (words(held) + transient) * itemsize + SLACK
+        transient = np.maximum(transient, term_words(group, ranks))
+    return (term_words(held, ranks) + transient) * itemsize + SLACK
 
 
 @lru_cache(maxsize=128)

@@ -26,6 +26,7 @@ from .errors import DeinsumError, check_choice
 from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
 from .layout import Layout, pin_layout
 from .redistribute import received_words, sample_ranks
+from .footprint import SLACK, footprint
 from .schedule import Compute, Move
 from .soap import analyze, parallel_bound
 
@@ -59,7 +60,9 @@ def mode_layout(mode: str, shape: tuple[int, ...], nprocs: int) -> Layout:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """One fused group of binary steps, run on one Cartesian grid."""
+    """One fused group of binary steps, run on one Cartesian grid; with ``rounds`` ``(index, T)`` in T
+    rounds over a summed index: each round brings one part of the blocks that hold ``index`` and adds its
+    partial result into the group's (the same words moved, a T-th of those blocks held at a time)."""
 
     index: int
     steps: tuple[Step, ...]
@@ -67,6 +70,7 @@ class GroupPlan:
     reads: tuple[tuple[str, str], ...]   # (tensor, subscripts) coming from outside the group
     output: str
     output_subscripts: str
+    rounds: tuple[str, int] | None = None
 
     @property
     def indices(self) -> str:
@@ -149,9 +153,20 @@ class Plan:
                    for n, t in tensors.items())
 
     @property
-    def feasible(self) -> bool:
+    def holds_data_share(self) -> bool:
         """Whether a rank's memory holds at least its share of the data (the segment bound needs it)."""
         return self.memory >= self.data_share * self.dtype.itemsize
+
+    @property
+    def peak_bytes(self) -> int:
+        """The busiest rank's peak memory, in bytes (:func:`deinsum.footprint.footprint`, an upper bound)."""
+        return int(footprint(self).max(initial=0))
+
+    @property
+    def feasible(self) -> bool:
+        """Whether every rank's peak fits the memory; where it does not, no plan the planner found does, and
+        :attr:`peak_bytes` is the least memory per rank that would do."""
+        return self.peak_bytes <= self.memory
 
     @property
     def lower_bound_bytes(self) -> float:
@@ -169,9 +184,8 @@ class Plan:
                  sum(m.redistribution.bytes_received(r, size) for m in self.moves)) for r in range(self.nprocs)]
 
     def _move_kind(self, m: Move) -> str:
-        if m.tensor in self.pinned:
-            return f"{m.phase} (convert pinned layout)"
-        return m.phase
+        kind = f"{m.phase} (convert pinned layout)" if m.tensor in self.pinned else m.phase
+        return kind + (f" in {m.rounds[1]} rounds" if m.rounds else "")
 
     def __str__(self) -> str:
         d, size = self.decomposition, self.dtype.itemsize
@@ -181,8 +195,9 @@ class Plan:
                  f"  memory per rank: {_human(self.memory)} ({self.memory:,} bytes"
                  + (f"; default: this machine's free memory / {planning_ranks(self.nprocs)} rank(s), pass "
                     f"memory= or --memory for the real figure)" if self.memory_default else ")")
-                 + ("" if self.feasible else f"; INFEASIBLE: less than the data's share per rank, "
-                                             f"{_human(self.data_share * size)}"),
+                 + (f"; peak {_human(self.peak_bytes)}" if self.feasible else
+                    f"; INFEASIBLE: the least peak per rank of any plan found is {self.peak_bytes:,} bytes"
+                    + ("" if self.holds_data_share else f" (the data's share alone is {self.data_share * size:,})")),
                  str(d), ""]
         for g in self.groups:
             ops = "; ".join(s.operation for s in g.steps)
@@ -190,6 +205,9 @@ class Plan:
             lines.append(f"  group {g.index}: {ops}")
             lines.append(f"    grid ({dims}) on {g.grid.used} of {self.nprocs} ranks"
                          + (f"; {g.grid.idle} idle: {g.grid.reason}" if g.grid.idle else ""))
+            if g.rounds:
+                lines.append(f"    in {g.rounds[1]} rounds over {g.rounds[0]}: each moves 1/{g.rounds[1]} of the blocks "
+                             f"that hold {g.rounds[0]} and adds its partial result (the same bytes in all)")
             if self.bound is not None:
                 lines.append(f"    receives {_human(g.grid.volume * size)} per rank (busiest); bound as one "
                              f"statement {_human(self.bound.per_group[g.index] * size)}"
@@ -232,6 +250,7 @@ class Plan:
                            "tensors": {name: layout(g.grid.layout(sub, self.decomposition.sizes, partial=False), sub)
                                        for name, sub in g.reads} | {g.output: layout(g.grid.layout(
                                            g.output_subscripts, self.decomposition.sizes), g.output_subscripts)},
+                           "rounds": None if g.rounds is None else {"index": g.rounds[0], "count": g.rounds[1]},
                            "received_bytes_max": g.grid.volume * size,
                            "lower_bound_bytes": None if self.bound is None else self.bound.per_group[g.index] * size})
         moves = [{"tensor": m.tensor, "kind": self._move_kind(m), "src": layout(m.src, subs[m.tensor]),
@@ -243,6 +262,8 @@ class Plan:
                 "inputs": self.inputs, "result": self.result, "pinned": list(self.pinned),
                 "memory_bytes_per_rank": self.memory,
                 "memory_default": self.memory_default, "feasible": self.feasible,
+                "peak_bytes_per_rank_max": self.peak_bytes,
+                "memory_needed_bytes_per_rank": None if self.feasible else self.peak_bytes,
                 "data_share_bytes_per_rank": self.data_share * size,
                 "entry": {n: layout(lay, s) for n, lay, s in zip(self.decomposition.input_names, self.entry,
                                                                   self.decomposition.input_subscripts)},
@@ -357,14 +378,16 @@ class _State:
     layouts: tuple[tuple[str, Layout], ...]
     entry: tuple[tuple[str, Layout], ...]
     items: tuple                         # ("move", Move) | ("compute", GroupPlan)
+    held: np.ndarray                     # words per modeled rank held from here to the end (footprint.py)
+    over: int = 0                        # words the busiest modeled rank's peak so far exceeds the memory by
 
     def key(self) -> tuple:
-        """Least busiest-rank volume, then total volume, idle ranks, fewer groups (one local kernel, no
-        intermediates), then the grids (deterministic)."""
+        """Within the memory first (else least over it), then least busiest-rank volume, total volume, idle
+        ranks, fewer groups (one local kernel, no intermediates), fewer rounds, then the grids (deterministic)."""
         total = self.received + self.pending
-        grids = [item.grid for kind, item in self.items if kind == "compute"]
-        return (int(total.max(initial=0)), int(total.sum()), sum(g.idle for g in grids), len(grids),
-                tuple(g.dims for g in grids))
+        groups = [item for kind, item in self.items if kind == "compute"]
+        return (self.over, int(total.max(initial=0)), int(total.sum()), sum(g.grid.idle for g in groups), len(groups),
+                sum(g.rounds[1] for g in groups if g.rounds), tuple(g.grid.dims for g in groups))
 
 
 class _Planner:
@@ -372,12 +395,14 @@ class _Planner:
     assembly of the chosen plan with the exact model on every rank."""
 
     def __init__(self, d: Decomposition, nprocs: int, starts: dict[str, Layout | None], first: dict[str, Layout],
-                 finish: Layout | None):
+                 finish: Layout | None, budget: int):
         self.d, self.nprocs, self.starts, self.first, self.finish = d, nprocs, starts, first, finish
+        self.budget = budget                 # words a rank may hold at its peak (footprint.py's count)
         self.sizes = dict(d.sizes)
         self.ranks = sample_ranks(nprocs, SEARCH_RANKS)
         self._words: dict = {}
         self._grids: dict = {}
+        self._extents: dict = {}
 
     def shape(self, sub: str) -> tuple[int, ...]:
         return tuple(self.sizes[c] for c in sub)
@@ -387,6 +412,19 @@ class _Planner:
         if key not in self._words:
             self._words[key] = received_words(src, dst, self.nprocs, ranks)
         return self._words[key]
+
+    def block_words(self, layout: Layout, ranks: np.ndarray, axis: int | None = None, rounds: int = 1) -> np.ndarray:
+        """Words of ``layout``'s block at ``ranks`` (of one round's part of it along ``axis``), as footprint.py
+        counts them."""
+        key = (layout, ranks.size)
+        if key not in self._extents:
+            lo, hi = layout.boxes_of(ranks)
+            self._extents[key] = hi - lo
+        extent = self._extents[key]
+        if axis is not None and rounds > 1:
+            extent = extent.copy()
+            extent[:, axis] = -(-extent[:, axis] // rounds)
+        return np.prod(extent, axis=1, dtype=np.int64)
 
     def home(self, layout: Layout) -> Layout:
         """Where a tensor computed or read on a grid lives when nobody needs it replicated."""
@@ -400,7 +438,9 @@ class _Planner:
         moves = tuple(Move(n, "distribute", layouts[n], pinned, self.nprocs) for n, pinned in self.first.items()
                       if not _holds_blocks(layouts[n], pinned, self.nprocs, ranks))
         received = sum((self.words(m.src, m.dst, ranks) for m in moves), zero)
-        return _State(received, zero, tuple((layouts | self.first).items()), (), tuple(("move", m) for m in moves))
+        held = sum((self.block_words(x, ranks) for x in [*layouts.values(), *(m.dst for m in moves)]), zero)
+        return _State(received, zero, tuple((layouts | self.first).items()), (), tuple(("move", m) for m in moves),
+                      held, max(0, int(held.max(initial=0)) - self.budget))
 
     def search(self, partition: tuple[tuple[int, ...], ...]) -> _State:
         """The best plan of one partition: a beam over each group's most promising grids."""
@@ -412,18 +452,24 @@ class _Planner:
             last = number == len(groups) - 1
             extended = []
             for state in states:
-                for choice in self.grids(group_steps, state, last):
-                    extended.append(self.extend(state, number, group_steps, choice, self.ranks, last))
+                best = self.grids(group_steps, state, last)
+                grown = [self.extend(state, number, group_steps, choice, self.ranks, last) for choice in best]
+                if all(s.over for s in grown):   # over the memory: the leanest grid of every replication too
+                    grown += [self.extend(state, number, group_steps, choice, self.ranks, last)
+                              for choice in self.grids(group_steps, state, last, lean=True) if choice not in best]
+                extended += grown
             states = sorted(extended, key=_State.key)[:BEAM_WIDTH]
         return states[0]
 
-    def grids(self, group_steps, state: _State, last: bool) -> list[GridChoice]:
-        """The GRIDS_PER_GROUP best grids of a group by :func:`estimate_words`, given where its inputs are."""
+    def grids(self, group_steps, state: _State, last: bool, lean: bool = False) -> list[GridChoice]:
+        """The GRIDS_PER_GROUP best grids of a group by :func:`estimate_words`, given where its inputs are; with
+        ``lean``, for every number of ranks that split its summed indices (its partial sums' copies: the 2.5D
+        family of matrix multiply), the best grid of that number."""
         indices, out = _group_indices(group_steps, self.sizes), group_steps[-1].output
         layouts = dict(state.layouts)
         reads = tuple((sub, layouts.get(name)) for name, sub in _group_reads(group_steps))
         target = self.finish if last else None
-        key = (indices, out, reads, target)
+        key = (indices, out, reads, target, lean)
         if key not in self._grids:
             if indices not in self._grids:
                 dims, note = candidate_grids(self.nprocs, indices, self.sizes)
@@ -432,48 +478,117 @@ class _Planner:
             dims, note, fit, idle = self._grids[indices]
             estimate = estimate_words(indices, self.sizes, dims, self.nprocs, reads, out, target)
             order = np.lexsort(tuple(dims[:, v] for v in reversed(range(len(indices)))) + (fit, idle, estimate))
+            if lean:
+                summed = [v for v, c in enumerate(indices) if c not in out]
+                copies = dims[order][:, summed].prod(axis=1)
+                order = order[np.unique(copies, return_index=True)[1]]
+            else:
+                order = order[:GRIDS_PER_GROUP]
             self._grids[key] = [GridChoice(indices, tuple(int(p) for p in dims[r]), out, self.nprocs,
-                                           int(estimate[r]), note) for r in order[:GRIDS_PER_GROUP]]
+                                           int(estimate[r]), note) for r in order]
         return self._grids[key]
 
     def extend(self, state: _State, number: int, group_steps, choice: GridChoice, ranks: np.ndarray,
                last: bool) -> _State:
-        """``state`` with one more group on ``choice``: its input moves, its compute, and (last) the exit."""
+        """``state`` with one more group on ``choice``: its input moves, its compute (in the fewest rounds that
+        keep the peak within the memory), and (last) the exit."""
         layouts, entry = dict(state.layouts), dict(state.entry)
-        received, pending = state.received.copy(), state.pending.copy()
+        received, pending, held = state.received.copy(), state.pending.copy(), state.held.copy()
         items = list(state.items)
         made_by = {item.output: item.index for kind, item in items if kind == "compute"}
-        group_words = np.zeros(ranks.size, dtype=np.int64)
+        moves = []
         for name, sub in _group_reads(group_steps):
             dst = choice.layout(sub, self.sizes, partial=False)
             src = layouts.get(name)
             if src is None:                       # the planner chooses where this input starts: at home here
                 src = entry[name] = self.home(dst)
+                held += self.block_words(src, ranks)
             elif src.partial:                     # the estimate owed for it is now paid for real
                 pending -= self.words(src, self.home(Layout(src.shape, src.grid, src.axes)), ranks)
             if not _holds_blocks(src, dst, self.nprocs, ranks):
                 phase = "distribute" if name in self.d.input_names else "reduce" if src.partial else "redistribute"
-                moved = self.words(src, dst, ranks)
-                group_words += moved
-                items.append(("move", Move(name, phase, src, dst, self.nprocs, made_by.get(name))))
+                received += self.words(src, dst, ranks)
+                moves.append((name, sub, src, dst, phase))
             layouts[name] = dst
+        produced = choice.layout(group_steps[-1].output, self.sizes, partial=True)
+        final = (self.finish or self.home(produced)) if last else None
+        exit_move = last and not _holds_blocks(produced, final, self.nprocs, ranks)
+        rounds, added, peak = self.rounds(group_steps, choice, moves, final if exit_move else None, held, ranks)
+        for name, sub, src, dst, phase in moves:
+            cut = (sub.index(rounds[0]), rounds[1]) if rounds and rounds[0] in sub else None
+            items.append(("move", Move(name, phase, src, dst, self.nprocs, made_by.get(name), cut)))
+            if cut:                               # only one round's part of it is ever made: it stays at its source
+                layouts[name] = src
         group = GroupPlan(number, group_steps, choice, _group_reads(group_steps), group_steps[-1].name,
-                          group_steps[-1].output)
+                          group_steps[-1].output, rounds)
         items.append(("compute", group))
-        produced = choice.layout(group.output_subscripts, self.sizes, partial=True)
         layouts[group.output] = produced
-        received += group_words
         if last:
-            final = self.finish or self.home(produced)
             entry["out"] = final
-            if not _holds_blocks(produced, final, self.nprocs, ranks):
+            if exit_move:
                 received += self.words(produced, final, ranks)
                 phase = "gather" if self.finish is not None and self.finish.nranks < self.nprocs else (
                     "reduce" if produced.partial else "redistribute")
                 items.append(("move", Move("out", phase, produced, final, self.nprocs, number)))
         elif produced.partial:
             pending += self.words(produced, self.home(Layout(produced.shape, produced.grid, produced.axes)), ranks)
-        return _State(received, pending, tuple(layouts.items()), tuple(entry.items()), tuple(items))
+        over = max(state.over, int(peak.max(initial=0)) - self.budget)
+        return _State(received, pending, tuple(layouts.items()), tuple(entry.items()), tuple(items), held + added,
+                      max(0, over))
+
+    def rounds(self, group_steps, choice: GridChoice, moves: list, final: Layout | None, held: np.ndarray,
+               ranks: np.ndarray) -> tuple:
+        """``(rounds, added, peak)`` of a group on ``choice`` after ``held`` words: ``rounds`` ``(index, T)`` or None,
+        the fewest over a summed index that keep the peak within the memory (else those of the least peak);
+        the words it adds to what ranks hold, and its peak. Counted as footprint.py counts them: moved and
+        computed blocks held (one round's part where they hold the index), a step's operand copies (and the
+        round's partial result) or a reduction's staging on top; ``final``: where the result ends, if it moves."""
+        sizes, out = self.sizes, group_steps[-1].output
+        words = self.block_words
+        held_terms = [(dst, sub) for _, sub, _, dst, _ in moves]
+        held_terms += [(choice.layout(s.output, sizes, partial=False), s.output) for s in group_steps]
+        copies = [[(choice.layout(sub, sizes, partial=False), sub) for sub in s.subscripts] for s in group_steps]
+        staging = [words(dst, ranks) * src.n_summands + 2 * words(src, ranks)
+                   for _, _, src, dst, _ in moves if src.partial]
+        result = choice.layout(out, sizes, partial=False)
+        produced = choice.layout(out, sizes, partial=True)
+        if final is not None and produced.partial:
+            staging.append(words(final, ranks) * produced.n_summands + 2 * words(produced, ranks))
+        exit_words = words(final, ranks) if final is not None else 0
+
+        def peak(index: str, t: int) -> tuple[np.ndarray, np.ndarray]:
+            cut = lambda lay, sub: words(lay, ranks, sub.index(index) if index in sub else None, t)  # noqa: E731
+            added = sum((cut(lay, sub) for lay, sub in held_terms), np.zeros(ranks.size, dtype=np.int64))
+            top = [sum((cut(lay, sub) for lay, sub in group), words(result, ranks) if t > 1 else 0)
+                   for group in copies] + staging
+            return added, held + added + exit_words + np.max(top, axis=0, initial=0)
+
+        added, first = peak("", 1)
+        if first.max(initial=0) <= self.budget:
+            return None, added, first
+        partial_sources = "".join(sub for _, sub, src, _, _ in moves if src.partial)
+        summed = [c for c in choice.indices if c not in out and c not in partial_sources]
+        best = (int(first.max(initial=0)), 1, "", added, first)
+        for index in summed:
+            most = int(max(-(-sizes[index] // choice.dims[choice.indices.index(index)]), 1))
+            low, high = 2, most
+            if high < low:
+                continue
+            if peak(index, high)[1].max(initial=0) > self.budget:   # no number of rounds fits: the least peak
+                added_i, peak_i = peak(index, high)
+                best = min(best, (int(peak_i.max(initial=0)), high, index, added_i, peak_i), key=lambda b: b[:2])
+                continue
+            while low < high:                                       # the fewest rounds that fit
+                middle = (low + high) // 2
+                if peak(index, middle)[1].max(initial=0) <= self.budget:
+                    high = middle
+                else:
+                    low = middle + 1
+            added_i, peak_i = peak(index, low)
+            candidate = (0, low, index, added_i, peak_i)
+            best = candidate if best[0] > 0 or low < best[1] else best
+        _, t, index, added, top = best
+        return ((index, t) if index else None), added, top
 
     def assemble(self, state: _State) -> _State:
         """The chosen plan again on every rank (exact model, exact no-move checks)."""
@@ -556,7 +671,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
         return Plan(d, nprocs, dtype, memory, inputs, result, analysis, (), (starts["in0"],), final, schedule,
                     tuple(sorted(pins)), memory_default=memory_default)
 
-    planner = _Planner(d, nprocs, starts, first, finish)
+    planner = _Planner(d, nprocs, starts, first, finish, memory // dtype.itemsize - SLACK // dtype.itemsize)
     scored = []
     for candidate in analysis.candidates[:MAX_PARTITIONS]:
         state = planner.search(candidate.partition)
@@ -565,10 +680,9 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     best = planner.assemble(scored[0][2])
     entry = {**{n: s for n, s in starts.items() if s is not None}, **dict(best.entry)}
     groups = tuple(item for kind, item in best.items if kind == "compute")
-    groups = tuple(GroupPlan(g.index, g.steps, replace(g.grid, volume=_group_volume(best.items, g.index),
-                                                       reason=f"{g.grid.reason}; best of {len(scored)} fusion "
-                                                              f"candidate(s) x beam {BEAM_WIDTH}"),
-                             g.reads, g.output, g.output_subscripts) for g in groups)
+    groups = tuple(replace(g, grid=replace(g.grid, volume=_group_volume(best.items, g.index),
+                                           reason=f"{g.grid.reason}; best of {len(scored)} fusion "
+                                                  f"candidate(s) x beam {BEAM_WIDTH}")) for g in groups)
     by_index = {g.index: g for g in groups}
     schedule = tuple(Compute(by_index[item.index]) if kind == "compute" else item for kind, item in best.items)
     plan = Plan(d, nprocs, dtype, memory, inputs, result, analysis, groups,
@@ -584,8 +698,8 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
     per-rank bound of a group; in each candidate a rank owns at most the largest block that the
     plan's fixed layouts (a global input is whole on every rank), the candidate's plan, or else an
     even layout give it. The segment (memory-dependent) bound counts only where the data a rank
-    holds at the start and end fits its memory (``Plan.feasible``)."""
-    d, nprocs, fixed, feasible = plan.decomposition, plan.nprocs, plan.fixed_layouts, plan.feasible
+    holds at the start and end fits its memory (``Plan.holds_data_share``)."""
+    d, nprocs, fixed, feasible = plan.decomposition, plan.nprocs, plan.fixed_layouts, plan.holds_data_share
     candidates, per_partition = [], {}
     copies, last = _result_copies_words(d, nprocs, fixed.get("out")), len(d.steps) - 1
     for c in analysis.candidates:

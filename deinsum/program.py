@@ -114,18 +114,36 @@ def run_schedule(rt: Runtime, plan: Plan, operands: Sequence) -> np.ndarray | No
     tensors = dict(zip(d.input_names, operands))
     for s in d.prepass:
         tensors[s.name] = rt.unary(tensors[s.operands[0]], s.subscripts[0], s.output)
-    moves = iter(range(len(plan.moves)))
+    moves, in_rounds = iter(range(len(plan.moves))), {}
+    comm_of = lambda e: rt.world if e.comm.group is None else rt.cart_sub(e.comm.grid, e.comm.remain)  # noqa: E731
     for item in plan.schedule:
         if isinstance(item, Move):
             k = next(moves)
+            if item.rounds:                  # run round by round inside the group that reads it
+                in_rounds[item.tensor] = k, item
+                continue
             for step, e in enumerate(item.exchanges):
-                comm = rt.world if e.comm.group is None else rt.cart_sub(e.comm.grid, e.comm.remain)
-                tensors[item.tensor] = rt.move(e.kind, tensors[item.tensor], k, step, comm)
+                tensors[item.tensor] = rt.move(e.kind, tensors[item.tensor], k, step, comm_of(e))
             continue
         g = item.group
-        if rt.member(g.grid.dims):
-            tensors[g.output] = rt.contract_group(tuple(sub for _, sub in g.reads), g.output_subscripts,
-                                                  *(tensors[name] for name, _ in g.reads))
+        subs = tuple(sub for _, sub in g.reads)
+        if g.rounds:
+            index, count = g.rounds
+            total = None
+            for t in range(count):
+                blocks = []
+                for name, sub in g.reads:
+                    if name in in_rounds:
+                        k, m = in_rounds[name]
+                        blocks.append(rt.move(m.exchanges[0].kind, tensors[name], k, t, comm_of(m.exchanges[0])))
+                    else:
+                        blocks.append(rt.slab(tensors[name], sub.index(index), count, t) if index in sub
+                                      else tensors[name])
+                total = rt.contract_round(g.grid.dims, total, subs, g.output_subscripts, *blocks)
+                del blocks
+            tensors[g.output], in_rounds = total, {}
+        elif rt.member(g.grid.dims):
+            tensors[g.output] = rt.contract_group(subs, g.output_subscripts, *(tensors[name] for name, _ in g.reads))
         else:
             tensors[g.output] = None
     return tensors["out"]

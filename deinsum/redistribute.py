@@ -95,6 +95,15 @@ def _scattered(layout: Layout, ranks: np.ndarray, split: tuple[int, ...]) -> _Ho
                      base.held, base.replica, 1, base.n_replicas)
 
 
+def _round_slab(held: _Holdings, axis: int, rounds: int, t: int) -> _Holdings:
+    """``held`` with every block cut to its part of round ``t`` of ``rounds``: the balanced sub-range ``t``
+    of the block along ``axis`` (the rounds of a block partition it, so they move what the whole move does)."""
+    start, stop = block_range(held.hi[:, axis] - held.lo[:, axis], rounds, t)
+    lo, hi = held.lo.copy(), held.hi.copy()
+    lo[:, axis], hi[:, axis] = held.lo[:, axis] + start, held.lo[:, axis] + stop
+    return _Holdings(held.cell, lo, hi, held.summand, held.held, held.replica, held.n_summands, held.n_replicas)
+
+
 def _direct_words(src: _Holdings, dst: _Holdings) -> np.ndarray:
     """Words each rank receives when every destination block is assembled directly from ``src``."""
     overlap = np.prod(np.clip(np.minimum(src.hi, dst.hi) - np.maximum(src.lo, dst.lo), 0, None), axis=1)
@@ -181,18 +190,25 @@ def _every(layout: Layout, nprocs: int) -> _Holdings:
 
 
 @lru_cache(maxsize=32)
-def _phases(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | None) -> tuple:
-    """The (source, destination) holdings of every rank, per phase (cached: a move's ranks share them)."""
+def _phases(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | None,
+            rounds: tuple[int, int] | None = None) -> tuple:
+    """The (source, destination) holdings of every rank, per phase (cached: a move's ranks share them); in
+    ``rounds`` ``(axis, T)``, T phases, each bringing one round's part of every destination block."""
     start, end = _every(src, nprocs), _every(dst, nprocs)
+    if rounds is not None:
+        return tuple((start, _round_slab(end, rounds[0], rounds[1], t)) for t in range(rounds[1]))
     if split is None:
         return ((start, end),)
     middle = _scattered(src, np.arange(nprocs), split)
     return (start, middle), (middle, end)
 
 
-def rank_tables(src: Layout, dst: Layout, nprocs: int, rank: int, split: tuple[int, ...] | None = None) -> tuple:
+def rank_tables(src: Layout, dst: Layout, nprocs: int, rank: int, split: tuple[int, ...] | None = None,
+                rounds: tuple[int, int] | None = None) -> tuple:
     """Plain-int tables of ``rank`` for moving ``src`` to ``dst`` on ``nprocs`` ranks, one per phase:
-    directly (``split`` None) or a reduce-scatter cutting blocks by ``split`` first (:func:`reduce_split`).
+    directly (``split`` None) or a reduce-scatter cutting blocks by ``split`` first (:func:`reduce_split`);
+    or, with ``rounds`` ``(axis, T)`` (a source of complete values), in T phases, phase ``t`` bringing the
+    balanced sub-range ``t`` along ``axis`` of every destination block (its output block is that part).
 
     A phase is ``(in_held, in_shape, out_held, out_shape, sends, recvs, ops)``, peers numbered in the
     world: ``sends`` = ``((peer, starts, subsizes), ...)`` subarrays of the input block; ``recvs`` =
@@ -207,7 +223,9 @@ def rank_tables(src: Layout, dst: Layout, nprocs: int, rank: int, split: tuple[i
     """
     _check_pair(src, dst, nprocs)
     _check_rank(rank, nprocs)
-    return tuple(_rank_phase(a, b, rank) for a, b in _phases(src, dst, nprocs, split))
+    if rounds is not None and (src.partial or split is not None):
+        raise DeinsumError(f"a move of partial sums ({src}) does not run in rounds")
+    return tuple(_rank_phase(a, b, rank) for a, b in _phases(src, dst, nprocs, split, rounds))
 
 
 def _rank_phase(src: _Holdings, dst: _Holdings, rank: int) -> tuple:
@@ -295,17 +313,19 @@ class Redistribution:
     dst: Layout
     nprocs: int
     split: tuple[int, ...] | None
+    rounds: tuple[int, int] | None = None
     _tables: dict = field(default_factory=dict, repr=False)
 
     @property
     def method(self) -> str:
-        return "direct" if self.split is None else "reduce-scatter, then direct"
+        return ("direct" if self.split is None else "reduce-scatter, then direct") + (
+            f", in {self.rounds[1]} rounds along axis {self.rounds[0]}" if self.rounds else "")
 
     def table(self, rank: int) -> tuple:
         """``rank``'s tables (:func:`rank_tables`)."""
         _check_rank(rank, self.nprocs)
         if rank not in self._tables:
-            self._tables[rank] = rank_tables(self.src, self.dst, self.nprocs, rank, self.split)
+            self._tables[rank] = rank_tables(self.src, self.dst, self.nprocs, rank, self.split, self.rounds)
         return self._tables[rank]
 
     def bytes_sent(self, rank: int, itemsize: int) -> int:
@@ -337,12 +357,13 @@ class Redistribution:
                 f"total {sum(self.words_received)}; sent max {max(self.words_sent)}")
 
 
-def plan_redistribution(src: Layout, dst: Layout, nprocs: int) -> Redistribution:
-    """Plan moving a tensor from ``src`` to ``dst`` (summing ``src``'s partial sums) on ``nprocs`` ranks.
+def plan_redistribution(src: Layout, dst: Layout, nprocs: int, rounds: tuple[int, int] | None = None) -> Redistribution:
+    """Plan moving a tensor from ``src`` to ``dst`` (summing ``src``'s partial sums) on ``nprocs`` ranks, in
+    ``rounds`` ``(axis, T)`` if given (see :func:`rank_tables`); the rounds move exactly what one phase would.
 
     >>> plan = plan_redistribution(Layout.on_root((5,), 2), Layout.even((5,), 2), 2)
     >>> plan.words_sent, plan.words_received
     ((2, 0), (0, 2))
     """
     _check_pair(src, dst, nprocs)
-    return Redistribution(src, dst, nprocs, reduce_split(src, dst, nprocs))
+    return Redistribution(src, dst, nprocs, None if rounds else reduce_split(src, dst, nprocs), rounds)

@@ -118,7 +118,9 @@ class Move:
     ``phase`` names the timer it counts under; ``group`` is the group whose grid
     made ``src`` (None for an input). The exchange tables are built on first use
     (running or emitting); the volume model answers reports for any number of
-    ranks without them.
+    ranks without them. With ``rounds`` ``(axis, T)`` the move runs inside the
+    group that reads it, one exchange step per round, each bringing one round's
+    part of the destination block along ``axis`` (the same words in all).
     """
 
     tensor: str
@@ -127,10 +129,11 @@ class Move:
     dst: Layout
     nprocs: int
     group: int | None = None
+    rounds: tuple[int, int] | None = None
 
     @cached_property
     def redistribution(self) -> Redistribution:
-        return plan_redistribution(self.src, self.dst, self.nprocs)
+        return plan_redistribution(self.src, self.dst, self.nprocs, self.rounds)
 
     @cached_property
     def words_received(self) -> np.ndarray:
@@ -145,7 +148,7 @@ class Move:
         sums (the output of a group has one holder per block and summand), so it
         runs on the ``Cart_sub`` of the producing group's grid over ``src.partial``.
         """
-        if self.redistribution.method == "direct":
+        if self.redistribution.split is None:
             return (Exchange(classify(self.src, self.dst, self.nprocs), WORLD),)
         sums = WORLD
         if self.group is not None and _distinct(self.src):
@@ -159,5 +162,5 @@ class Move:
 
     @property
     def label(self) -> str:
-        return f"{self.tensor}: {self.phase}"
+        return f"{self.tensor}: {self.phase}" + (f" in {self.rounds[1]} rounds" if self.rounds else "")
 

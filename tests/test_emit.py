@@ -238,10 +238,11 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
 @pytest.mark.parametrize("inputs, result", [("root", "root"), ("global", "all")])
 def test_script_size_does_not_grow_with_the_ranks(inputs, result):
     """MTTKRP 64^3 x 8: each rank builds its own tables from the layouts, so P = 8, 512 and 65,536 give
-    scripts of the same size that define every name they use: <= 74 kB (issue 11 set 60 kB; the MKL GEMM
+    scripts of the same size that define every name they use: <= 80 kB (issue 11 set 60 kB; the MKL GEMM
     path, 2.4 kB, took the scripts to 62.4 kB; 62.7 kB with agree's Allreduce; 65.9 kB with the streaming
     kernels' loader and dispatch, 3.2 kB; 68.3 kB with their fused MTTKRP pass and its checks; 71.6 kB with
-    the streamed TTM chain and the MTTKRP model's fused passes)."""
+    the streamed TTM chain and the MTTKRP model's fused passes; 76.2 kB with regular-file saves and groups in
+    rounds: 80 kB is the ceiling issue 28 sets, for a carrier that will carry the runtime verbatim)."""
     prog = deinsum.compile("ijk,ja,ka->ia", (64, 64, 64), (64, 8), (64, 8), inputs=inputs, result=result)
     sizes = {}
     for nprocs in (8, 512, 65536):
@@ -249,7 +250,7 @@ def test_script_size_does_not_grow_with_the_ranks(inputs, result):
         compile(text, "script", "exec")
         sizes[nprocs] = len(text.encode())
         assert "Layout(" in text and "rank_tables(" in text
-    assert max(sizes.values()) <= 74_000, sizes
+    assert max(sizes.values()) <= 80_000, sizes
     assert max(sizes.values()) - min(sizes.values()) < 2_000, sizes   # other grids and moves, no per-rank data
 
 

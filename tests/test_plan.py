@@ -210,8 +210,10 @@ def test_memory_below_the_data_share_is_reported_infeasible():
     sizes = dict(i=40, j=30, k=20, a=6)
     share = sum(-(-n // 8) for n in (40 * 30 * 20, 30 * 6, 20 * 6, 40 * 6))
     tight = fair_plan("ijk,ja,ka->ia", sizes, 8, memory=8 * share - 1)
-    assert not tight.feasible and "INFEASIBLE" in str(tight) and tight.to_dict()["feasible"] is False
-    assert fair_plan("ijk,ja,ka->ia", sizes, 8, memory=f"{8 * share} B").feasible
+    assert not tight.holds_data_share and not tight.feasible and "INFEASIBLE" in str(tight)
+    assert tight.to_dict()["feasible"] is False and tight.to_dict()["memory_needed_bytes_per_rank"] == tight.peak_bytes
+    assert fair_plan("ijk,ja,ka->ia", sizes, 8, memory=f"{8 * share} B").holds_data_share
+    assert fair_plan("ijk,ja,ka->ia", sizes, 8, memory=tight.peak_bytes).feasible
 
 
 @pytest.mark.parametrize("name", SUITE)

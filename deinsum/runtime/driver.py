@@ -58,10 +58,10 @@ def summarize(samples):
 
 def script_runtime(ns, comm, device=None):
     """This rank's :class:`Runtime` for an emitted program (``ns`` = its globals), its tables built from
-    ``MOVES[k] = (timer, label, src, dst, split)``, computing on ``device`` (a GPU) if given."""
+    ``MOVES[k] = (timer, label, src, dst, split, rounds)``, computing on ``device`` (a GPU) if given."""
     rank = comm.Get_rank()
-    moves = [(timer, label, rank_tables(src, dst, ns["NPROCS"], rank, split))
-             for timer, label, src, dst, split in ns["MOVES"]]
+    moves = [(timer, label, rank_tables(src, dst, ns["NPROCS"], rank, split, rounds))
+             for timer, label, src, dst, split, rounds in ns["MOVES"]]
     return Runtime(comm, ns["DTYPE"], moves, device)
 
 

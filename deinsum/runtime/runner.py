@@ -184,6 +184,28 @@ class Runtime:
             out = (contract_group if self.device is None else self.device.contract)(inputs, output, *blocks)
         return out
 
+    def contract_round(self, grid, total, inputs, output, *blocks):
+        """One round of a group run in rounds: its statement on this round's blocks, added into ``total`` (the
+        rounds so far; None before the first); None off the group's ``grid``."""
+        if not self.member(grid):
+            return None
+        part = self.contract_group(inputs, output, *blocks)
+        if total is None:
+            return part
+        with self.clock("compute"):
+            total += part
+        return total
+
+    @staticmethod
+    def slab(x, axis, rounds, t):
+        """Round ``t``'s part of a block held in place: the balanced sub-range ``t`` of ``rounds`` along ``axis``
+        (a view; None stays None), the part the round's moves bring of the other blocks."""
+        if x is None:
+            return None
+        q, r = divmod(x.shape[axis], rounds)
+        start = t * q + min(t, r)
+        return x[(slice(None),) * axis + (slice(start, start + q + (t < r)),)]
+
     def unary(self, a, sub, out):
         """A unary pre-pass step where the operand is (None stays None)."""
         if self.device is not None:

@@ -1,0 +1,92 @@
+"""Plans that fit the memory they are given: rounds over a summed index, the leanest grids, infeasibility."""
+import json
+
+import numpy as np
+import pytest
+
+from deinsum.cli import main
+from deinsum.decompose import decompose
+from deinsum.footprint import SLACK, footprint
+from deinsum.layout import Layout
+from deinsum.plan import build_plan
+from deinsum.redistribute import plan_redistribution, rank_tables, table_words
+from suite import SUITE, shapes_for
+
+
+def mm_plan(n, nprocs, share_factor=None):
+    """Matrix multiply n^3 from the fair start, with ``share_factor`` x the data share (3 n^2 / P words) per rank."""
+    memory = None if share_factor is None else int(share_factor * 3 * n * n // nprocs * 8)
+    return build_plan(decompose("ij,jk->ik", (n, n), (n, n)), nprocs, memory=memory, inputs="local",
+                      result="distributed")
+
+
+@pytest.mark.parametrize("rounds", [2, 3, 7, 40])
+def test_rounds_move_exactly_what_the_whole_move_does(rounds):
+    """Round t brings sub-range t of every destination block along the axis: the rounds partition the block,
+    so every rank sends and receives what one phase would, and each round's block is that part."""
+    src, dst = Layout.even((13, 11), 6), Layout((13, 11), (2, 1, 3), (0, 2))
+    whole = plan_redistribution(src, dst, 6)
+    split = plan_redistribution(src, dst, 6, rounds=(1, rounds))
+    assert split.words_received == whole.words_received and split.words_sent == whole.words_sent
+    for rank in range(6):
+        tables = rank_tables(src, dst, 6, rank, rounds=(1, rounds))
+        assert len(tables) == rounds
+        assert table_words(tables) == table_words(whole.table(rank))
+        block = dst.boxes_of(np.array([rank]))
+        width = int(block[1][0, 1] - block[0][0, 1])
+        assert sum(t[3][1] for t in tables) == width and max(t[3][1] for t in tables) == -(-width // rounds)
+
+
+def test_rounds_refuse_partial_sums():
+    partial = Layout((8,), grid=(1, 4), axes=(0,), partial=(1,))
+    with pytest.raises(ValueError, match="partial sums .* does not run in rounds"):
+        rank_tables(partial, Layout((8,), grid=(1, 4), axes=(0,)), 4, 0, rounds=(0, 2))
+
+
+@pytest.mark.parametrize("n, nprocs", [(16384, 64), (32768, 512)])
+def test_matrix_multiply_fits_2_4_and_8_times_the_data_share(n, nprocs):
+    """The planner trades replication of the summed index (the 2.5D family) and rounds for memory: the peak
+    fits, the volume only grows as memory shrinks, and with memory to spare the plan is the unlimited one."""
+    unlimited = mm_plan(n, nprocs)
+    volumes = []
+    for factor in (2, 4, 8):
+        plan = mm_plan(n, nprocs, factor)
+        assert plan.feasible and plan.peak_bytes <= plan.memory, (factor, plan.peak_bytes, plan.memory)
+        volumes.append(int(plan.received_bytes().max()))
+    assert volumes == sorted(volumes, reverse=True)
+    assert volumes[-1] >= int(unlimited.received_bytes().max())
+    assert not any(g.rounds for g in unlimited.groups) and unlimited.peak_bytes > mm_plan(n, nprocs, 2).memory
+
+
+def test_memory_below_any_plan_is_infeasible_and_names_the_bytes_needed(capsys):
+    """Half the data share: no plan fits; the plan, its JSON and `deinsum plan` (exit 2) say what would."""
+    plan = mm_plan(4096, 64, 0.5)
+    data = plan.to_dict()
+    assert not plan.feasible and "INFEASIBLE" in str(plan)
+    assert data["feasible"] is False and data["memory_needed_bytes_per_rank"] == plan.peak_bytes > plan.memory
+    code = main(["plan", "ij,jk->ik", "--size", "i=4096,j=4096,k=4096", "-P", "64", "--inputs", "local",
+                 "--result", "distributed", "--memory", str(plan.memory)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--memory {plan.peak_bytes}" in err and len(err.strip().splitlines()) == 1
+    assert main(["plan", "ij,jk->ik", "--size", "i=4096,j=4096,k=4096", "-P", "64", "--inputs", "local",
+                 "--result", "distributed", "--memory", str(plan.peak_bytes)]) == 0
+
+
+@pytest.mark.parametrize("name", SUITE)
+def test_plans_with_memory_to_spare_run_in_one_round(name):
+    """The default memory of this machine holds the small suite whole: no group runs in rounds."""
+    eq, sizes = SUITE[name]
+    plan = build_plan(decompose(eq, *shapes_for(eq, sizes)), 8, inputs="local", result="distributed")
+    assert plan.feasible and not any(g.rounds for g in plan.groups)
+
+
+def test_rounds_are_reported_in_text_and_json():
+    plan = mm_plan(4096, 16, 1.5)
+    (group,) = plan.groups
+    assert group.rounds is not None and plan.feasible
+    index, count = group.rounds
+    assert f"in {count} rounds over {index}" in str(plan)
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data["groups"][0]["rounds"] == {"index": index, "count": count}
+    assert data["peak_bytes_per_rank_max"] == int(footprint(plan).max()) <= data["memory_bytes_per_rank"]
+    assert plan.memory > SLACK
