@@ -31,8 +31,9 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
     'distributed').
     The defaults, global and all, are those of every entry point (calls, plans,
     reports, emitted scripts and the command line) unless one is given.
-    ``threads='auto'`` pins BLAS threads at the first run so that ranks per node
-    x threads = cores (threadpoolctl); ``None`` leaves them alone. ``layouts``
+    ``threads='auto'`` pins BLAS threads at the first run (and lowers them at a run
+    with more ranks per node) so that ranks per node x threads = cores
+    (threadpoolctl); ``None`` leaves them alone. ``layouts``
     pins the layout of inputs (``"in0"`` or ``0``, ...) or of a distributed result
     (``"out"``, with ``result='distributed'`` compiled or in the call; an error with 'all' or 'root'):
     a :class:`~deinsum.layout.Layout`, ``"even"``, ``"replicated"``, ``"root"`` or

@@ -203,8 +203,9 @@ class DistributedArray:
                 layout = Layout(tuple(shape), layout.grid, layout.axes, layout.partial)
             return layout, _rank_block(local, layout, self.comm.rank, "with_local")
 
-        # a bad shape or block on one rank fails on all
+        # a bad shape or block on one rank fails on all, and so does a shape the ranks differ on
         layout, block = collectively(self.comm, check, error=DeinsumError)
+        agree(self.comm, {"with_local shape": layout.shape}, error=DeinsumError)
         return DistributedArray(*_agreed_blocks(self.comm, block, self.dtype, "with_local"), layout=layout,
                                 comm=self.comm)
 
@@ -312,6 +313,8 @@ class DistributedArray:
             return np.asarray(matrix)
 
         matrix = collectively(self.comm, check, error=DeinsumError)   # a bad matrix on one rank fails on all
+        agree(self.comm, {"matmul matrix shape": matrix.shape, "matmul matrix dtype": matrix.dtype.str},
+              error=DeinsumError)
         whole = self.rows()
         local = None if whole.local is None else whole.local @ matrix
         out = whole.with_local(local, self.shape[:-1] + (matrix.shape[1],))
@@ -331,8 +334,11 @@ class DistributedArray:
 
     def vdot(self, other: DistributedArray) -> complex | float:
         """``sum(conj(A) * B)`` on every rank (``B`` moved to ``A``'s layout first if it differs)."""
-        if not isinstance(other, DistributedArray) or other.shape != self.shape:
-            raise DeinsumError(f"vdot: expected a DistributedArray of shape {self.shape}")
+        def check():
+            if not isinstance(other, DistributedArray) or other.shape != self.shape:
+                raise DeinsumError(f"vdot: expected a DistributedArray of shape {self.shape}")
+
+        collectively(self.comm, check, error=DeinsumError)   # a bad operand on one rank fails on all
         other = other.redistribute(self.layout)
         part = np.zeros((), dtype=np.result_type(self.dtype, other.dtype))   # the same dtype on every rank
         if self.owns:

@@ -74,7 +74,7 @@ CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
 #: The modes an emitted script supports.
 SCRIPT_INPUTS, SCRIPT_RESULTS = ("global", "root"), ("all", "root")
 
-_PINNED: list = []  # non-empty once this process pinned its BLAS threads
+_PINNED = [0]  # the most ranks per node this process pinned its BLAS threads for (a local action)
 
 
 def execute(decomposition: Decomposition, *operands) -> np.ndarray:
@@ -167,7 +167,6 @@ class Program:
     last_run: RunReport | None = field(default=None, init=False, repr=False)
     last_plan: Plan | None = field(default=None, init=False, repr=False)
     _runtimes: dict = field(default_factory=dict, init=False, repr=False)
-    _devices: dict = field(default_factory=dict, init=False, repr=False)
     _checked_call: tuple | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
@@ -280,9 +279,9 @@ class Program:
         DistributedArray in that layout.
 
         Collective and checked before any work: all ranks agree on the equation, operand count,
-        shapes, dtype, casting, modes, pinned layouts and communicator size, the plan (with the
-        memory agreed across ranks) fits that memory, and local blocks match the plan; otherwise
-        every rank raises the same one-line DeinsumError.
+        shapes, dtype, casting, modes, threads, device, pinned layouts, compiled ``nprocs`` and
+        communicator size, the plan (with the memory agreed across ranks) fits that memory, and local
+        blocks match the plan; otherwise every rank raises the same one-line DeinsumError.
         """
         from mpi4py import MPI
         held = [a for a in arrays if isinstance(a, DistributedArray)]
@@ -318,14 +317,14 @@ class Program:
         plan, operands = collectively(comm, self._checked, plan, memory, shapes, blocks, comm.rank, pins,
                                       error=DeinsumError)
         self._checked_call = (call, plan)
-        if self.threads == "auto" and not _PINNED:
-            pin_blas_threads(node_place(comm)[1])
-            _PINNED.append(comm.size)
+        if self.threads == "auto":   # agreed; the node layout is kept per communicator, the pin is local
+            node_ranks = node_place(comm)[1]
+            if node_ranks > _PINNED[0]:   # pinned again only for more ranks per node (never raises threads)
+                pin_blas_threads(node_ranks)
+                _PINNED[0] = node_ranks
         device = None
-        if self.device == "gpu":   # opened once per communicator; collective, one error everywhere
-            if comm.py2f() not in self._devices:
-                self._devices[comm.py2f()] = open_device(comm, DeinsumError)
-            device = self._devices[comm.py2f()]
+        if self.device == "gpu":   # agreed; opened once per communicator, one error everywhere
+            device = open_device(comm, DeinsumError)
             collectively(comm, device.check_memory, int(footprint(plan)[comm.rank]), DeinsumError,
                          error=DeinsumError)   # a GPU out of memory on one rank must not leave others waiting
         key = (plan, comm.py2f())
@@ -362,7 +361,8 @@ class Program:
         """This rank's facts to agree on, its local failure (or None), and its shapes and dtype."""
         rank = comm.rank
         facts = {"equation": self.equation, "compiled shapes": self.shapes, "compiled dtype": self.dtype,
-                 "casting": self.casting, "inputs": inputs, "result": result, "communicator size": comm.size,
+                 "compiled nprocs": self.nprocs, "casting": self.casting, "threads": self.threads,
+                 "device": self.device, "inputs": inputs, "result": result, "communicator size": comm.size,
                  "operand count": len(arrays)}
         shapes = dtype = None
         try:

@@ -152,6 +152,56 @@ def test_a_plan_is_reused_only_when_every_rank_repeats_its_call(tmp_path):
         assert outcome(res.stdout, label, 3) == "right", label
 
 
+# ---- issue 30: one-time set-up (thread pin, node layout, device) and options decided collectively ----
+@pytest.mark.parametrize("nprocs", [2, 3])
+@pytest.mark.parametrize("first", ["alone", "sub"])
+def test_a_first_use_by_part_of_the_ranks_leaves_no_rank_waiting(nprocs, first, tmp_path):
+    """Some ranks' first call (rank 0 alone on COMM_SELF, or the others on a sub-communicator) pins their
+    BLAS threads and learns the node layout: the first call of all ranks together must not wait on them."""
+    res = run_mpi(nprocs, job(f'''
+        A, B = np.ones((4, 3)), np.ones((3, 2))
+        part = comm.Split(int(rank == 0))
+        if {first!r} == "alone" and rank == 0:
+            attempt("first", lambda: deinsum.einsum("ij,jk->ik", A, B, comm=MPI.COMM_SELF), want=A @ B)
+        if {first!r} == "sub" and rank != 0:
+            attempt("first", lambda: deinsum.einsum("ij,jk->ik", A, B, comm=part), want=A @ B)
+        attempt("together", lambda: deinsum.einsum("ij,jk->ik", A, B), want=A @ B)
+    '''), tmp_path=tmp_path, timeout=60)
+    assert_clean(res, code=0)
+    assert outcome(res.stdout, "together", nprocs) == "right"
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_options_and_distributed_array_arguments_are_agreed_before_any_collective(nprocs, tmp_path):
+    res = run_mpi(nprocs, job('''
+        A, B = np.ones((4, 3)), np.ones((3, 2))
+        one = rank == 0
+        attempt("threads", lambda: deinsum.einsum("ij,jk->ik", A, B, threads=None if one else "auto"))
+        attempt("device", lambda: deinsum.einsum("ij,jk->ik", A, B, device="gpu" if one else "cpu"))
+        attempt("gpu", lambda: deinsum.einsum("ij,jk->ik", A, B, device="gpu"), want=A @ B)   # no CuPy: one error
+        attempt("nprocs", lambda: deinsum.einsum("ij,jk->ik", A, B, nprocs=P + 1 if one else None))
+        X, M = np.arange(48.).reshape(6, 8), np.arange(64.).reshape(8, 8)
+        x = deinsum.DistributedArray.from_global(X, f"{P}: 0, -")   # last axis whole: no move before the product
+        attempt("matmul", lambda: x.matmul(M[:, :5] if one else M).norm())
+        attempt("with_local", lambda: x.with_local(x.local[:, :5] if one else x.local, (6, 5) if one else None))
+        attempt("vdot", lambda: x.vdot(X if one else x))
+        attempt("gram", lambda: x.matmul(M).gram(), want=(X @ M).T @ (X @ M))
+        attempt("norm", lambda: x.matmul(M).norm(), want=np.linalg.norm(X @ M))
+    '''), tmp_path=tmp_path, timeout=90)
+    assert_clean(res, code=3)
+    others = "rank 1" if nprocs == 2 else "ranks 1-2"
+    for label, message in [("threads", f"disagree on threads: None on rank 0; 'auto' on {others}"),
+                           ("device", f"disagree on device: 'gpu' on rank 0; 'cpu' on {others}"),
+                           ("nprocs", f"disagree on compiled nprocs: {nprocs + 1} on rank 0; None on {others}"),
+                           ("matmul", f"disagree on matmul matrix shape: (8, 5) on rank 0; (8, 8) on {others}"),
+                           ("with_local", f"disagree on with_local shape: (6, 5) on rank 0; (6, 8) on {others}"),
+                           ("vdot", "rank 0: vdot: expected a DistributedArray of shape (6, 8)")]:
+        assert message in outcome(res.stdout, label, nprocs), label
+    gpu = outcome(res.stdout, "gpu", nprocs)
+    assert gpu == "right" or gpu.startswith("device='gpu'"), gpu
+    assert outcome(res.stdout, "gram", nprocs) == "right" and outcome(res.stdout, "norm", nprocs) == "right"
+
+
 def test_agreement_reduces_three_integers_and_gathers_only_to_explain(tmp_path):
     """``agree``: ranks that agree do one Allreduce and no allgather (nothing that grows with P); a
     disagreement or one rank's failure then gathers what is needed for the same one-line error everywhere."""

@@ -350,12 +350,39 @@ def max_error(result, want):
         return float(np.max(np.where(same, 0, np.abs(result - want)), initial=0))
 
 
+_KEPT = []   # the MPI attribute key of :func:`kept_on`, made at its first use (MPI may start after imports)
+
+
+def kept_on(comm, key, make, *args):
+    """``make(*args)`` once per communicator, kept on ``comm`` under ``key`` (an MPI attribute: freed with
+    ``comm``, never seen by another communicator, even one that reuses its handle). A collective ``make``
+    stays collective: every rank of ``comm`` has kept the same keys, since each ran it on ``comm`` too.
+
+    >>> kept_on(MPI.COMM_SELF, "doctest", list, "ab"), kept_on(MPI.COMM_SELF, "doctest", list, "cd")
+    (['a', 'b'], ['a', 'b'])
+    """
+    if not _KEPT:
+        _KEPT.append(MPI.Comm.Create_keyval())
+    kept = comm.Get_attr(_KEPT[0])
+    if kept is None:
+        kept = {}
+        comm.Set_attr(_KEPT[0], kept)
+    if key not in kept:
+        kept[key] = make(*args)
+    return kept[key]
+
+
 def node_place(comm):
-    """Collective: this rank's index among the ranks of ``comm`` on its node, and how many they are.
+    """Collective on ``comm``'s first use (then kept on it, see :func:`kept_on`): this rank's index among the
+    ranks of ``comm`` on its node, and how many they are.
 
     >>> node_place(MPI.COMM_SELF)
     (0, 1)
     """
+    return kept_on(comm, "node place", _split_place, comm)
+
+
+def _split_place(comm):
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         return node.Get_rank(), node.Get_size()

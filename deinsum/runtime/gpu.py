@@ -26,7 +26,7 @@ import os
 
 from mpi4py import MPI
 
-from .checks import collectively, node_place
+from .checks import collectively, kept_on, node_place
 from .kernels import contract_group
 
 
@@ -177,6 +177,7 @@ class Device:
 
 
 def open_device(comm, error=RuntimeError):
-    """This rank's :class:`Device` (collective on ``comm``): ranks of a node share its GPUs round-robin.
-    Where any rank cannot use a GPU, every rank raises the same one-line ``error``."""
-    return collectively(comm, Device, *node_place(comm), error, error=error)
+    """This rank's :class:`Device` (collective on ``comm``'s first use, then kept on it: see
+    :func:`~deinsum.codegen.checks.kept_on`): ranks of a node share its GPUs round-robin. Where any rank
+    cannot use a GPU, every rank raises the same one-line ``error`` (and nothing is kept)."""
+    return kept_on(comm, "device", lambda: collectively(comm, Device, *node_place(comm), error, error=error))
