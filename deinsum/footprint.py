@@ -32,6 +32,9 @@ import numpy as np
 
 #: Bytes on top of the arrays: numpy ufunc buffers and the Python objects of one call.
 SLACK = 2**20
+#: A group in rounds makes each round's partial result (after the first) in this many pieces along its first axis
+#: (``Runtime.contract_round``): one piece is held on top of the group's result, not a second result.
+ROUND_PIECES = 8
 
 
 def footprint_terms(plan) -> tuple:
@@ -55,7 +58,8 @@ def footprint_terms(plan) -> tuple:
     for g in plan.groups:
         index, rounds = g.rounds or ("", 1)
         cut = lambda sub: (sub.index(index), rounds) if index and index in sub else ()  # noqa: E731
-        result = (g.grid.layout(g.output_subscripts, sizes, partial=False), 1, 0, ()) if g.rounds else None
+        result = (g.grid.layout(g.output_subscripts, sizes, partial=False), 1, 0,
+                  (0, ROUND_PIECES) if g.output_subscripts else ()) if g.rounds else None
         for s in g.steps:
             held.append((g.grid.layout(s.output, sizes, partial=False), 1, 0, cut(s.output)))
             copies = tuple((g.grid.layout(sub, sizes, partial=False), 1, 0, cut(sub)) for sub in s.subscripts)

@@ -26,7 +26,7 @@ from .errors import DeinsumError, check_choice
 from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
 from .layout import Layout, pin_layout
 from .redistribute import received_words, sample_ranks
-from .footprint import SLACK, footprint
+from .footprint import ROUND_PIECES, SLACK, footprint
 from .schedule import Compute, Move
 from .soap import analyze, parallel_bound
 
@@ -559,8 +559,8 @@ class _Planner:
         def peak(index: str, t: int) -> tuple[np.ndarray, np.ndarray]:
             cut = lambda lay, sub: words(lay, ranks, sub.index(index) if index in sub else None, t)  # noqa: E731
             added = sum((cut(lay, sub) for lay, sub in held_terms), np.zeros(ranks.size, dtype=np.int64))
-            top = [sum((cut(lay, sub) for lay, sub in group), words(result, ranks) if t > 1 else 0)
-                   for group in copies] + staging
+            piece = words(result, ranks, 0 if out else None, ROUND_PIECES) if t > 1 else 0   # contract_round
+            top = [sum((cut(lay, sub) for lay, sub in group), piece) for group in copies] + staging
             return added, held + added + exit_words + np.max(top, axis=0, initial=0)
 
         added, first = peak("", 1)

@@ -27,7 +27,7 @@ from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
 from .errors import DeinsumError, as_dtype, check_choice
 from .footprint import footprint
-from .memory import as_bytes
+from .memory import as_bytes, default_memory
 from .plan import INPUT_MODES, RESULT_MODES, Plan, build_plan, check_pins, pin_names
 from .schedule import Move
 from .soap import analyze
@@ -190,9 +190,11 @@ class Program:
 
     # ---- planning and reports (pure, no MPI) ---------------------------------------------------
     def plan(self, shapes: Sequence[Sequence[int]] | None = None, nprocs: int | None = None, dtype=None,
-             inputs: str | None = None, result: str | None = None, layouts: dict | None = None) -> Plan:
-        """The plan for these shapes, ranks, dtype and entry/exit layouts (cached); ``layouts`` pins more
-        layouts on top of the compiled ones (see :func:`deinsum.compile`)."""
+             inputs: str | None = None, result: str | None = None, layouts: dict | None = None,
+             memory: int | str | None = None) -> Plan:
+        """The plan for these shapes, ranks, dtype, entry/exit layouts and memory per rank (bytes; default: the
+        compiled one) (cached); ``layouts`` pins more layouts on top of the compiled ones (see
+        :func:`deinsum.compile`)."""
         shapes = self.shapes if shapes is None else tuple(as_shape(s, f"operand {n}") for n, s in enumerate(shapes))
         if shapes is None:
             raise DeinsumError(f"{self.equation!r} was compiled without shapes: pass shapes to plan()")
@@ -201,8 +203,8 @@ class Program:
             raise DeinsumError("the number of ranks is unknown: pass nprocs")
         dtype = as_dtype(dtype if dtype is not None else self.dtype if self.dtype is not None else np.float64)
         pins = pin_names({**dict(pin_names(self.layouts)), **dict(pin_names(layouts))})
-        return _plan(self.equation, shapes, int(nprocs), dtype, self.memory, inputs or self.inputs,
-                     result or self.result, pins)
+        return _plan(self.equation, shapes, int(nprocs), dtype, self.memory if memory is None else memory,
+                     inputs or self.inputs, result or self.result, pins)
 
     def analysis(self, nprocs: int | None = None):
         """SOAP bounds and fusion: symbolic without shapes, numeric and parallel with them."""
@@ -305,20 +307,20 @@ class Program:
         # a repeat of this rank's last checked call reuses its plan, if every rank repeats a call with the same
         # memory: each rank's cache holds its own last call (on any communicator), so the ranks vote, in one
         # small allreduce instead of planning again and agreeing on the plan
+        node_ranks = node_place(comm)[1]   # kept per communicator: collective once, on every rank
         call = (self.equation, shapes, dtype, inputs, result, pins, self.memory, self.device, comm.size)
         cached = self._checked_call[1] if self._checked_call and self._checked_call[0] == call else None
-        words = cached.memory if cached is not None else 0
-        if unanimous(comm, cached is not None, words):
-            plan, memory = cached, words
-        else:
-            plan = collectively(comm, self.plan, shapes, comm.size, dtype, inputs, result, dict(pins),
+        given = cached.memory if cached is not None else 0
+        if unanimous(comm, cached is not None, given):
+            plan, memory = cached, given
+        else:   # the memory every rank has (the node's free memory shared by its ranks, or as given), then the plan
+            mine = self.memory if self.memory is not None else default_memory(node_ranks)
+            memory = comm.allreduce(mine, op=MPI.MIN)
+            plan = collectively(comm, self.plan, shapes, comm.size, dtype, inputs, result, dict(pins), memory,
                                 error=DeinsumError)
-            memory = comm.allreduce(plan.memory, op=MPI.MIN)     # ranks may measure different free memory
-        plan, operands = collectively(comm, self._checked, plan, memory, shapes, blocks, comm.rank, pins,
-                                      error=DeinsumError)
+        plan, operands = collectively(comm, self._checked, plan, shapes, blocks, comm.rank, error=DeinsumError)
         self._checked_call = (call, plan)
         if self.threads == "auto":   # agreed; the node layout is kept per communicator, the pin is local
-            node_ranks = node_place(comm)[1]
             if node_ranks > _PINNED[0]:   # pinned again only for more ranks per node (never raises threads)
                 pin_blas_threads(node_ranks)
                 _PINNED[0] = node_ranks
@@ -415,12 +417,9 @@ class Program:
                 raise DeinsumError(f"operand {n} is None: beside DistributedArrays pass whole arrays "
                                    f"(replicated) or DistributedArrays")
 
-    def _checked(self, plan, memory, shapes, arrays, rank, pins):
-        """``plan`` with the agreed ``memory`` (bytes per rank), once it fits that memory, and this rank's
-        operands as the plan takes them (local blocks checked against its entry layouts)."""
-        if plan.memory != memory:
-            plan = _plan(self.equation, tuple(map(tuple, shapes)), plan.nprocs, plan.dtype, memory, plan.inputs,
-                         plan.result, pins)
+    def _checked(self, plan, shapes, arrays, rank):
+        """``plan``, once it fits its memory (bytes per rank), and this rank's operands as the plan takes them
+        (local blocks checked against its entry layouts)."""
         check_footprint(plan)
         holds = plan.inputs in ("global", "local") or rank == 0
         operands = [None if not holds or a is None else a.astype(plan.dtype, copy=False) if is_device_array(a)

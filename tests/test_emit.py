@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import deinsum
+from deinsum.footprint import SLACK
 from deinsum import DeinsumError
 from deinsum.emit import BEGIN, END, RUNTIME, generate
 from mpirun import run_mpi_script
@@ -55,8 +56,11 @@ if comm.rank == 0:
 MTTKRP = ("ijk,ja,ka->ia", [(64, 64, 64), (64, 8), (64, 8)], np.float64, "root", "root")
 
 
-def check_scripts(nprocs, cases, tmp_path, extra=()):
-    jobs = []
+def check_scripts(nprocs, cases, tmp_path, extra=(), tight=False):
+    """Emit ``cases`` (and ``extra``) for ``nprocs`` ranks and run each script's own code in one launch; with
+    ``tight``, each plan is made for half the way from its unconstrained peak to its data share (the feasible
+    ones: rounds and leaner grids), and at least a few run in rounds."""
+    jobs, in_rounds = [], 0
     modes = [("root", "root"), ("global", "all"), ("root", "all"), ("global", "root")]
     dtypes = [np.float64, np.float32, np.complex128, np.complex64]
     # the first 16 cases take every (dtype, modes) pair
@@ -64,6 +68,13 @@ def check_scripts(nprocs, cases, tmp_path, extra=()):
                                                              for n, (eq, shapes) in enumerate(cases)] + list(extra)):
         prog = deinsum.compile(eq, *shapes, dtype=dtype, inputs=inputs, result=result)
         plan = prog.plan(nprocs=nprocs)
+        if tight:
+            share = SLACK + plan.data_share * plan.dtype.itemsize
+            prog.memory = share + max(0, plan.peak_bytes - share) // 2
+            plan = prog.plan(nprocs=nprocs)
+            if not plan.feasible:
+                continue
+            in_rounds += any(g.rounds for g in plan.groups)
         jobs.append((str(prog.to_script(tmp_path / f"p{n}.py", nprocs=nprocs)), plan.model_bytes(),
                      plan.received_bytes().tolist()))
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
@@ -71,6 +82,7 @@ def check_scripts(nprocs, cases, tmp_path, extra=()):
     res = run_mpi_script(nprocs, tmp_path / "driver.py", str(tmp_path / "jobs.json"), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"SCRIPTS {len(jobs)} FAILED 0" in res.stdout, res.stderr[-3000:]
+    assert not tight or in_rounds >= 3, in_rounds
 
 
 @pytest.mark.parametrize("nprocs", EMIT_P)
@@ -82,6 +94,11 @@ def test_emitted_scripts_match_numpy_and_model(nprocs, tmp_path):
 @pytest.mark.parametrize("nprocs", EMIT_P)
 def test_emitted_scripts_match_numpy_and_model_on_210_einsums(nprocs, tmp_path):
     check_scripts(nprocs, SCRIPT_CASES, tmp_path)
+
+
+@pytest.mark.parametrize("nprocs", [p if p in (3, 4) else pytest.param(p, marks=pytest.mark.slow) for p in EMIT_P])
+def test_emitted_scripts_with_rounds_match_numpy_and_model(nprocs, tmp_path):
+    check_scripts(nprocs, SUBSET, tmp_path, tight=True)
 
 
 @pytest.mark.parametrize("name", ["MTTKRP-O3-M0", "3MM"])

@@ -17,12 +17,14 @@ import json, sys
 import numpy as np
 from mpi4py import MPI
 import deinsum
+from deinsum.footprint import SLACK
 
 comm = MPI.COMM_WORLD
 cases = json.load(open(sys.argv[1]))
+tight = len(sys.argv) > 2            # each plan given half the way from its unconstrained peak to the data's share
 modes = [("global", "all"), ("root", "root"), ("local", "distributed")]
 rng = np.random.default_rng(0)
-failures, runs = [], 0
+failures, runs, in_rounds, refused = [], 0, 0, 0
 for n, (eq, shapes) in enumerate(cases):
     dtype = [np.float64, np.complex64, np.float32, np.complex128][n % 4]
     arrays = [np.asarray(rng.uniform(-1, 1, s), dtype=dtype) for s in shapes]
@@ -32,6 +34,12 @@ for n, (eq, shapes) in enumerate(cases):
     prog = deinsum.compile(eq, *shapes, dtype=dtype)
     if inputs == "local" and prog.decomposition.prepass:
         inputs = "global"
+    if tight:
+        free = prog.plan(nprocs=comm.size, inputs=inputs, result=result)
+        share = SLACK + free.data_share * free.dtype.itemsize
+        prog.memory = share + max(0, free.peak_bytes - share) // 2
+        plan = prog.plan(nprocs=comm.size, inputs=inputs, result=result)
+        in_rounds += any(g.rounds for g in plan.groups)
     if inputs == "local":
         blocks = prog.input_blocks(comm.rank, comm.size, result=result)
         args = [a[b] for a, b in zip(arrays, blocks)]
@@ -39,7 +47,16 @@ for n, (eq, shapes) in enumerate(cases):
         args = arrays if comm.rank == 0 else [None] * len(arrays)
     else:
         args = arrays
-    got = prog(*args, inputs=inputs, result=result)
+    try:
+        got = prog(*args, inputs=inputs, result=result)
+    except deinsum.DeinsumError as exc:
+        if not (tight and not plan.feasible and f"{plan.peak_bytes:,} bytes" in str(exc)):
+            failures.append(f"{eq} {shapes}: {exc}")
+        refused += 1
+        runs += 1
+        continue
+    if tight and not plan.feasible:
+        failures.append(f"{eq} {shapes}: ran a plan over its memory")
     runs += 1
     if result == "distributed":
         block = got.block
@@ -55,19 +72,22 @@ for n, (eq, shapes) in enumerate(cases):
 failures = comm.gather(failures, root=0)
 if comm.rank == 0:
     bad = [f for rank in failures for f in rank]
-    print(json.dumps({"runs": runs, "failures": bad[:20], "nfail": len(bad)}))
+    print(json.dumps({"runs": runs, "failures": bad[:20], "nfail": len(bad), "rounds": in_rounds,
+                      "refused": refused}))
 """
 
 
-def check_cases(nprocs, cases, tmp_path):
+def check_cases(nprocs, cases, tmp_path, tight=False):
+    """Run ``cases`` on ``nprocs`` ranks; with ``tight`` memory (see DRIVER); return the driver's summary."""
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    res = run_mpi_script(nprocs, script, str(tmp_path / "cases.json"), timeout=900)
+    res = run_mpi_script(nprocs, script, str(tmp_path / "cases.json"), *(["tight"] if tight else []), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["runs"] == len(cases)
     assert summary["nfail"] == 0, summary["failures"]
+    return summary
 
 
 @pytest.mark.parametrize("nprocs", range(1, 9))
@@ -79,6 +99,15 @@ def test_program_matches_numpy_and_model(nprocs, tmp_path):
 @pytest.mark.parametrize("nprocs", range(1, 9))
 def test_program_matches_numpy_and_model_on_210_einsums(nprocs, tmp_path):
     check_cases(nprocs, CASES, tmp_path)
+
+
+@pytest.mark.parametrize("nprocs", [p if p in (3, 4) else pytest.param(p, marks=pytest.mark.slow) for p in range(1, 9)])
+def test_tight_memory_plans_run_in_rounds_equal_numpy_and_model(nprocs, tmp_path):
+    """Every case given half the way from its unconstrained peak to its data share: a plan that fits (rounds,
+    leaner grids) runs equal to numpy with bytes == model, one that cannot is refused on every rank with the
+    bytes it needs."""
+    summary = check_cases(nprocs, SUBSET, tmp_path, tight=True)
+    assert summary["rounds"] >= 3, summary
 
 
 CART_SUB = """

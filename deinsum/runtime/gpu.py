@@ -178,6 +178,6 @@ class Device:
 
 def open_device(comm, error=RuntimeError):
     """This rank's :class:`Device` (collective on ``comm``'s first use, then kept on it: see
-    :func:`~deinsum.codegen.checks.kept_on`): ranks of a node share its GPUs round-robin. Where any rank
+    :func:`~deinsum.runtime.checks.kept_on`): ranks of a node share its GPUs round-robin. Where any rank
     cannot use a GPU, every rank raises the same one-line ``error`` (and nothing is kept)."""
     return kept_on(comm, "device", lambda: collectively(comm, Device, *node_place(comm), error, error=error))

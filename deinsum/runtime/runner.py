@@ -23,6 +23,7 @@ from functools import partialmethod
 import numpy as np
 from mpi4py import MPI
 
+from ..footprint import ROUND_PIECES
 from ..redistribute import table_words
 from .exchange import ByteLog, Transfer, element_type
 from .kernels import contract_group, set_stream_threads, unary
@@ -186,14 +187,27 @@ class Runtime:
 
     def contract_round(self, grid, total, inputs, output, *blocks):
         """One round of a group run in rounds: its statement on this round's blocks, added into ``total`` (the
-        rounds so far; None before the first); None off the group's ``grid``."""
+        rounds so far; None before the first, whose result becomes it); None off the group's ``grid``. After
+        the first, the round's result is made in ``ROUND_PIECES`` balanced pieces along the result's first
+        axis, each added where it belongs, so that a piece, not a second result, is held on top."""
         if not self.member(grid):
             return None
-        part = self.contract_group(inputs, output, *blocks)
-        if total is None:
-            return part
-        with self.clock("compute"):
-            total += part
+        if total is None or not output:
+            part = self.contract_group(inputs, output, *blocks)
+            if total is None:
+                return part
+            with self.clock("compute"):
+                total += part
+            return total
+        first, pieces = output[0], min(ROUND_PIECES, total.shape[0])
+        for p in range(pieces):
+            q, r = divmod(total.shape[0], pieces)
+            lo, hi = p * q + min(p, r), (p + 1) * q + min(p + 1, r)
+            part = self.contract_group(inputs, output, *(
+                b[tuple(slice(lo, hi) if c == first else slice(None) for c in sub)] for b, sub in zip(blocks, inputs)))
+            with self.clock("compute"):
+                total[lo:hi] += part
+            del part
         return total
 
     @staticmethod
