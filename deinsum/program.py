@@ -71,6 +71,8 @@ def call_comm(comm, arrays) -> tuple:
 
 
 CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
+#: The memory of a plan made with memory to spare (reports compare a plan with it): 2**62 bytes per rank.
+UNLIMITED = 2**62
 #: The modes an emitted script supports.
 SCRIPT_INPUTS, SCRIPT_RESULTS = ("global", "root"), ("all", "root")
 
@@ -220,6 +222,7 @@ class Program:
         """The bounds report (``text``, ``latex`` or ``json``) followed, with shapes and P, by the plan."""
         planned = self.shapes is not None and (nprocs or self.nprocs)
         plan = self.plan(nprocs=nprocs, inputs=inputs, result=result) if planned else None
+        spare = self.plan(nprocs=nprocs, inputs=inputs, result=result, memory=UNLIMITED) if planned else None
         a = plan.analysis if plan is not None and plan.analysis is not None else self.analysis(nprocs)
         if format == "latex":
             return a.latex()
@@ -228,6 +231,7 @@ class Program:
             data = {"equation": a.equation, "analysis": a.to_dict()} | ({} if plan is None else plan.to_dict())
             if plan is not None:
                 data["peak_bytes_per_rank"] = footprint(plan).tolist()
+                data["received_bytes_max_with_memory_to_spare"] = int(spare.received_bytes().max(initial=0))
                 data["local_kernels"] = {"gemm": self._gemms(), "rank 0": local_kernels(plan, 0, self.device)}
             return json.dumps(data, indent=2, default=str)
         if format != "text":
@@ -236,8 +240,11 @@ class Program:
             return str(a)
         need = footprint(plan)
         kernels = "".join(f"\n    group {k}: {name}" for k, name in enumerate(local_kernels(plan, 0, self.device)))
+        ours, free = int(plan.received_bytes().max(initial=0)), int(spare.received_bytes().max(initial=0))
+        cost = (f"  what the memory costs: {ours:,} bytes received by the busiest rank, {free:,} with memory to "
+                f"spare ({ours / free:.3f}x; peak {spare.peak_bytes:,} bytes per rank)\n" if ours != free else "")
         return (f"{a}\n\n{plan}\n  peak memory per rank (upper bound): max {int(need.max()):,} bytes "
-                f"(rank {int(need.argmax())}), mean {float(need.mean()):,.0f}\n"
+                f"(rank {int(need.argmax())}), mean {float(need.mean()):,.0f}\n{cost}"
                 f"  local kernels on rank 0's blocks (a cost model's pick; GEMMs: {self._gemms()}):{kernels}")
 
     def _gemms(self) -> str:
