@@ -1,15 +1,18 @@
 """deinsum: communication-optimal distributed einsums.
 
->>> import numpy as np, deinsum
+>>> import deinsum
 >>> prog = deinsum.compile("ij,jk->ik", (4, 5), (5, 6))
 >>> prog.decomposition.steps[0].kind
 'GEMM'
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .darray import DistributedArray
 from .decompose import Decomposition, Step, decompose
-from .errors import DeinsumError
+from .errors import DeinsumError, check_choice
+from .runtime.checks import check_cast
 from .layout import Layout
 from .sequence import SequencePlan, plan_sequence
 
@@ -56,29 +59,95 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
                    layouts, casting, device)
 
 
-def einsum(equation: str, *arrays, comm=None, result=None, **options):
-    """Distributed ``numpy.einsum``: every rank passes the arrays and gets the result.
+def einsum(*operands, out=None, optimize=None, order="K", comm=None, inputs="global", result=None, shapes=None,
+           **options):
+    """Distributed ``numpy.einsum``, with numpy's arguments: every rank passes the arrays and gets the result.
 
-    With :class:`DistributedArray` operands (plain arrays beside them are replicated) the result is a
-    DistributedArray (``result`` may name its layout, or ask ``'all'``/``'root'``); otherwise every rank
-    passes whole arrays and gets the whole result. ``options`` go to :func:`compile`. Collective: an
-    error on any rank (even while compiling) is raised on every rank.
+    ``operands`` is ``(subscripts, *arrays)`` or numpy's interleaved form ``(a, [0, 1], b, [1, 2], [0, 2])``.
+    ``out`` is filled where the whole result lands (as numpy's, under ``casting``), ``order`` lays the
+    result out (``'K'``, ``'C'``, ``'F'``, ``'A'``), ``dtype`` and ``casting`` are numpy's; ``optimize`` is
+    accepted and left to the plan. ``inputs='root'``: rank 0 passes the arrays, the others ``None``;
+    ``inputs='local'``: each rank passes its block (``Program.input_blocks``) and ``shapes`` gives the global
+    shapes. With :class:`DistributedArray` operands (plain arrays beside them are replicated) the result is a
+    DistributedArray (``result`` may name its layout, or ask ``'all'``/``'root'``). ``options`` go to
+    :func:`compile`. Collective: an error on any rank (even while compiling) is raised on every rank.
+
+    >>> import numpy as np
+    >>> float(einsum(np.arange(3.), [0], np.arange(3.), [0], []))   # numpy's interleaved form, one rank
+    5.0
     """
-    import numpy as np
-
-    from .runtime.checks import collectively
     from .program import call_comm
+    from .runtime.checks import agree, collectively
+    equation, arrays = _equation_and_arrays(operands)
     comm, bad_comm = call_comm(comm, arrays)
-    shapes = [np.shape(a) for a in arrays]   # reads .shape where there is one (DistributedArray, CuPy)
 
     def build():
         if bad_comm:
             raise DeinsumError(bad_comm)
-        return compile(equation, *shapes, **options)
+        check_choice("order", order, ("K", "A", "C", "F"))
+        if out is not None and not isinstance(out, np.ndarray):
+            raise DeinsumError(f"out: expected a numpy array, not {type(out).__name__}")
+        if out is not None and result == "distributed":
+            raise DeinsumError("out= takes a whole result: result 'all' or 'root', not 'distributed'")
+        if inputs == "local" and shapes is None and not any(isinstance(a, DistributedArray) for a in arrays):
+            raise DeinsumError("inputs='local' blocks do not tell the global shapes: pass shapes=[...], one per "
+                               "operand (see Program.input_blocks)")
+        # the shapes of a call are checked (and, from rank 0, shared) by the call itself
+        return compile(equation, *(shapes or ()), inputs=inputs, **options)
 
     prog = collectively(comm, build, error=DeinsumError)
     with prog:
-        return prog(*arrays, comm=comm, result=result)
+        res = prog(*arrays, comm=comm, result=result)
+    if isinstance(res, DistributedArray):
+        return res
+    failure = None
+    if res is not None and out is not None:
+        try:
+            check_cast(np.result_type(res), out.dtype, prog.casting, "out", DeinsumError)
+            if out.shape != np.shape(res):
+                raise DeinsumError(f"out: shape {out.shape}, the result has {np.shape(res)}")
+            np.copyto(out, res, casting="unsafe")
+        except DeinsumError as exc:
+            failure = str(exc)
+    agree(comm, {}, failure, DeinsumError)
+    if out is not None and res is not None:
+        return out
+    return res if res is None or np.ndim(res) == 0 else np.asarray(res, order=order) if order != "K" else res
+
+
+def _equation_and_arrays(operands) -> tuple:
+    """``(subscripts, arrays)`` of numpy's two call forms (subscripts first, or arrays and sublists of
+    integers 0-51 and ``...``, with an optional output sublist), as numpy labels them.
+
+    >>> _equation_and_arrays(("ij,jk", 1, 2))
+    ('ij,jk', (1, 2))
+    >>> _equation_and_arrays((1, [0, Ellipsis], 2, [Ellipsis, 27], [0, 27]))
+    ('A...,...b->Ab', (1, 2))
+    """
+    if not operands:
+        raise DeinsumError("einsum needs subscripts and operands")
+    if isinstance(operands[0], str):
+        return operands[0], tuple(operands[1:])
+
+    def labels(sublist, n) -> str:
+        try:
+            items = list(sublist)
+        except TypeError:
+            raise DeinsumError(f"einsum: sublist {n} is {sublist!r}, not a list of integers 0-51 and ...") from None
+        text = ""
+        for item in items:
+            if item is Ellipsis:
+                text += "..."
+            elif isinstance(item, (int, np.integer)) and not isinstance(item, bool) and 0 <= item < 52:
+                text += chr(ord("A") + item) if item < 26 else chr(ord("a") + item - 26)
+            else:
+                raise DeinsumError(f"einsum: sublist {n} holds {item!r}; expected integers 0-51 and ...")
+        return text
+
+    pairs, output = operands[:len(operands) // 2 * 2], operands[len(operands) // 2 * 2:]
+    arrays = tuple(pairs[0::2])
+    terms = [labels(sub, n) for n, sub in enumerate(pairs[1::2])]
+    return ",".join(terms) + ("->" + labels(output[0], len(terms)) if output else ""), arrays
 
 
 __all__ = ["DeinsumError", "Decomposition", "DistributedArray", "Layout", "SequencePlan", "Step", "compile",

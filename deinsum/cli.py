@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .errors import DeinsumError
+from .errors import DeinsumError, as_ranks
 from .version import __version__
 
 
@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        if getattr(args, "nprocs", None) is not None and args.nprocs < 1:
-            raise DeinsumError(f"the number of ranks must be >= 1, not {args.nprocs}")
+        if getattr(args, "nprocs", None) is not None:
+            as_ranks(args.nprocs, "-P" if args.command in ("bound", "plan", "emit") else "-n")
         return args.run(args)
     except (DeinsumError, OSError, MemoryError) as exc:   # one line a user can act on, exit 2
         if isinstance(exc, BrokenPipeError):   # e.g. `deinsum bound ... | head`: not an error

@@ -40,3 +40,24 @@ def as_dtype(value, what: str = "dtype") -> np.dtype:
     if dtype.kind not in "iufc":
         raise DeinsumError(f"{what} {dtype.name}: expected an integer, float or complex type")
     return dtype
+
+
+#: The most ranks deinsum plans for: the volume model keeps a few integers per rank (2**24 ranks: 128 MiB each).
+MAX_RANKS = 2**24
+
+
+def as_ranks(value, what: str = "nprocs") -> int:
+    """``value`` as a number of ranks (an integer from 1 to :data:`MAX_RANKS`, numpy's included), else a
+    DeinsumError naming ``what``: the one check of every entry point's ``nprocs`` (and ``-P``, ``-n``).
+
+    >>> as_ranks(np.int64(4))
+    4
+    >>> as_ranks(2.5)
+    Traceback (most recent call last):
+    ...
+    deinsum.errors.DeinsumError: nprocs=2.5: expected a number of ranks, an integer from 1 to 16,777,216
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_RANKS:
+        shown = int(value) if isinstance(value, np.integer) else repr(value)
+        raise DeinsumError(f"{what}={shown}: expected a number of ranks, an integer from 1 to {MAX_RANKS:,}")
+    return int(value)

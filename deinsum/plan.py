@@ -22,7 +22,7 @@ import numpy as np
 
 from .memory import as_bytes, default_memory
 from .decompose import Decomposition, Step
-from .errors import DeinsumError, check_choice
+from .errors import DeinsumError, as_ranks, check_choice
 from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
 from .layout import Layout, pin_layout
 from .redistribute import received_words, sample_ranks
@@ -631,9 +631,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     d = decomposition
     if d.sizes is None:
         raise DeinsumError("a run plan needs concrete sizes: pass operand shapes")
-    if isinstance(nprocs, bool) or not isinstance(nprocs, (int, np.integer)) or nprocs < 1:
-        raise DeinsumError(f"nprocs must be an integer >= 1, not {nprocs!r}")
-    nprocs = int(nprocs)
+    nprocs = as_ranks(nprocs)
     check_choice("inputs", inputs, INPUT_MODES)
     check_choice("result", result, RESULT_MODES)
     dtype = np.dtype(dtype)

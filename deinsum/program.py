@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import itertools
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -18,14 +20,14 @@ from typing import Sequence
 import numpy as np
 
 from .runtime.checks import agree, check_cast, check_memory, check_output_path, collectively, node_place
-from .runtime.checks import unanimous, write_atomically
+from .runtime.checks import kept_on, unanimous, write_atomically
 from .emit import generate
 from .runtime.gpu import is_device_array, open_device
 from .runtime.kernels import contract_pair, gemm_library, group_strategy, unary
 from .runtime.runner import Runtime, pin_blas_threads
 from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
-from .errors import DeinsumError, as_dtype, check_choice
+from .errors import DeinsumError, as_dtype, as_ranks, check_choice
 from .footprint import footprint
 from .memory import as_bytes, default_memory
 from .plan import INPUT_MODES, RESULT_MODES, Plan, build_plan, check_pins, pin_names
@@ -71,6 +73,9 @@ def call_comm(comm, arrays) -> tuple:
 
 
 CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
+#: Runtimes (communicators, datatypes, tables: ~25 kB and up) a program keeps per communicator, the most recent.
+RUNTIMES_KEPT = 8
+_COMMUNICATORS = itertools.count()   # a token per communicator a program ran on (see kept_on)
 #: The memory of a plan made with memory to spare (reports compare a plan with it): 2**62 bytes per rank.
 UNLIMITED = 2**62
 #: The modes an emitted script supports.
@@ -180,6 +185,8 @@ class Program:
             check_choice(option, getattr(self, option), choices)
         if self.memory is not None:
             self.memory = as_bytes(self.memory, error=DeinsumError)
+        if self.nprocs is not None:
+            self.nprocs = as_ranks(self.nprocs)
         pin_names(self.layouts)   # a dict of tensor names (or operand numbers) to layouts
         if not isinstance(self.equation, str):
             raise DeinsumError(f"the einsum equation must be a string, not {type(self.equation).__name__}")
@@ -200,19 +207,24 @@ class Program:
         shapes = self.shapes if shapes is None else tuple(as_shape(s, f"operand {n}") for n, s in enumerate(shapes))
         if shapes is None:
             raise DeinsumError(f"{self.equation!r} was compiled without shapes: pass shapes to plan()")
-        nprocs = nprocs if nprocs is not None else self.nprocs
+        nprocs = self._ranks(nprocs)
         if nprocs is None:
             raise DeinsumError("the number of ranks is unknown: pass nprocs")
         dtype = as_dtype(dtype if dtype is not None else self.dtype if self.dtype is not None else np.float64)
         pins = pin_names({**dict(pin_names(self.layouts)), **dict(pin_names(layouts))})
-        return _plan(self.equation, shapes, int(nprocs), dtype, self.memory if memory is None else memory,
+        return _plan(self.equation, shapes, nprocs, dtype, self.memory if memory is None else memory,
                      inputs or self.inputs, result or self.result, pins)
+
+    def _ranks(self, nprocs) -> int | None:
+        """``nprocs`` (else the compiled one, else None) checked as a number of ranks."""
+        nprocs = nprocs if nprocs is not None else self.nprocs
+        return None if nprocs is None else as_ranks(nprocs)
 
     def analysis(self, nprocs: int | None = None):
         """SOAP bounds and fusion: symbolic without shapes, numeric and parallel with them."""
         if self.decomposition is None:
             raise DeinsumError(f"{self.equation!r}: bounds of an einsum with '...' need shapes: compile with shapes")
-        p = nprocs if nprocs is not None else self.nprocs
+        p = self._ranks(nprocs)
         words = None if self.memory is None else max(1, as_bytes(self.memory, error=DeinsumError) // as_dtype(
             self.dtype if self.dtype is not None else np.float64).itemsize)
         return analyze(self.decomposition, S=words, P=p)
@@ -220,7 +232,8 @@ class Program:
     def report(self, format: str = "text", nprocs: int | None = None, inputs: str | None = None,
                result: str | None = None) -> str:
         """The bounds report (``text``, ``latex`` or ``json``) followed, with shapes and P, by the plan."""
-        planned = self.shapes is not None and (nprocs or self.nprocs)
+        nprocs = self._ranks(nprocs)
+        planned = self.shapes is not None and nprocs is not None
         plan = self.plan(nprocs=nprocs, inputs=inputs, result=result) if planned else None
         spare = self.plan(nprocs=nprocs, inputs=inputs, result=result, memory=UNLIMITED) if planned else None
         a = plan.analysis if plan is not None and plan.analysis is not None else self.analysis(nprocs)
@@ -336,10 +349,7 @@ class Program:
             device = open_device(comm, DeinsumError)
             collectively(comm, device.check_memory, int(footprint(plan)[comm.rank]), DeinsumError,
                          error=DeinsumError)   # a GPU out of memory on one rank must not leave others waiting
-        key = (plan, comm.py2f())
-        if key not in self._runtimes:
-            self._runtimes[key] = runtime_for(plan, comm, device)
-        rt = self._runtimes[key]
+        rt = self._runtime(plan, comm, device)
         rt.reset()
         out = run_schedule(rt, plan, operands)
         if device is not None:   # the result ends where this rank's inputs were: GPU or host
@@ -353,10 +363,24 @@ class Program:
             return DistributedArray(out, plan.dtype, layout=plan.exit, comm=comm)
         return out[()] if out is not None and out.ndim == 0 else out   # numpy.einsum: a scalar
 
+    def _runtime(self, plan: Plan, comm, device) -> Runtime:
+        """This rank's runtime of ``plan`` on ``comm``, kept for the next calls: the last RUNTIMES_KEPT plans
+        per communicator (a parametric program sees many shapes). Every rank of ``comm`` makes the same calls
+        on it, so every rank frees the same runtime (collectively) at the same call."""
+        kept = self._runtimes.setdefault(kept_on(comm, "deinsum communicator", next, _COMMUNICATORS), OrderedDict())
+        if plan in kept:
+            kept.move_to_end(plan)
+        else:
+            kept[plan] = runtime_for(plan, comm, device)
+            while len(kept) > RUNTIMES_KEPT:
+                kept.popitem(last=False)[1].close()
+        return kept[plan]
+
     def close(self) -> None:
         """Free the communicators and datatypes kept across calls (collective: every rank calls it)."""
-        for rt in self._runtimes.values():
-            rt.close()
+        for kept in self._runtimes.values():
+            for rt in kept.values():
+                rt.close()
         self._runtimes.clear()
 
     def __enter__(self) -> Program:

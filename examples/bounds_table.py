@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import sympy as sp
+from mpi4py import MPI
 
 from deinsum.decompose import decompose
 from deinsum.soap import analyze
@@ -38,6 +39,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernels", nargs="+", default=list(SUITE), choices=list(SUITE), metavar="KERNEL")
     args = ap.parse_args(argv)
+    if MPI.COMM_WORLD.rank != 0:     # under mpiexec the table is printed once, by rank 0
+        return 0
     analyses = {k: analyze(decompose(SUITE[k][0])) for k in args.kernels}
     print(summary_table(analyses))
     for kernel, a in analyses.items():

@@ -25,7 +25,7 @@ MTTKRP3_SMALL_P_GRIDS = {1: (1, 1, 1, 1), 2: (1, 1, 2, 1), 4: (1, 2, 2, 1)}
 ARTIFACT_FAMILY = {"TTMc-O5-M0": "TTMc-O5"}
 
 
-#: Words the busiest rank receives in the best known construction (../shared/notes/optimal-plans.md
+#: Words the busiest rank receives in the best known construction (the developers' notes on optimal plans
 #: section 1), at the paper's sizes, by P.
 CONSTRUCTIONS = {
     "1MM": {8: 25_165_824, 64: 37_748_736, 512: 44_040_192, 4096: 47_185_920},

@@ -52,8 +52,9 @@ def test_matrix_chain_prints_groups_and_moves_and_matches_numpy():
     assert "result blocks match numpy and bytes match the plan: True" in out
 
 
-def test_bounds_table_prints_latex_for_the_suite():
-    out = run_example(1, "bounds_table.py", "--kernels", "1MM", "MTTKRP-O3-M0")
-    assert out.count(r"\begin{tabular}") == 3          # the summary and one table per kernel
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_bounds_table_prints_latex_for_the_suite_once(nprocs):
+    out = run_example(nprocs, "bounds_table.py", "--kernels", "1MM", "MTTKRP-O3-M0")
+    assert out.count(r"\begin{tabular}") == 3          # the summary and one table per kernel, once per job
     assert r"\frac{2 N_{i} N_{j} N_{k}}{\sqrt{S}}" in out
     assert r"\frac{3 N_{a} N_{i} N_{j} N_{k}}{S^{\frac{2}{3}}}" in out

@@ -61,7 +61,7 @@ def test_plan_is_pure_for_any_p():
 
 @pytest.mark.parametrize("call, message", [
     (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4))(np.ones((2, 3))), "takes 2 operands, got 1"),
-    (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).plan(nprocs=0), "nprocs must be an integer >= 1"),
+    (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).plan(nprocs=0), "nprocs=0: expected a number of ranks, an integer from 1 to 16,777,216"),
     (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).plan(nprocs=2, inputs="disk"), "inputs='disk'"),
     (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).plan(nprocs=2, result="cloud"), "result='cloud'"),
     (lambda: deinsum.compile("ij,jk->ik", dtype="float1024"), "not a numpy data type"),
@@ -71,7 +71,12 @@ def test_plan_is_pure_for_any_p():
     (lambda: deinsum.compile("...ij->ij").report(), "need shapes"),
     (lambda: deinsum.compile("ii,ij->j", (3, 3), (3, 2)).plan(nprocs=2, inputs="local"),
      "in0 ('ii'): a diagonal over i: a pre-pass on whole arrays"),
-    (lambda: deinsum.einsum("ij->ji", np.ones((2, 3)), inputs="local"), "'ij->ji' has one operand (a transpose)"),
+    (lambda: deinsum.einsum("ij->ji", np.ones((2, 3)), inputs="local", shapes=[(2, 3)]),
+     "'ij->ji' has one operand (a transpose)"),
+    (lambda: deinsum.einsum("ij->ji", np.ones((2, 3)), inputs="local"), "pass shapes=[...], one per operand"),
+    (lambda: deinsum.compile("ij,jk->ik", nprocs=2.5), "nprocs=2.5: expected a number of ranks"),
+    (lambda: deinsum.compile("ij,jk->ik", nprocs=0), "nprocs=0: expected a number of ranks"),
+    (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4)).analysis(nprocs=np.int64(0)), "nprocs=0: expected"),
     (lambda: deinsum.compile("ij,jk->ik", (2, 3), (3, 4), layouts="even"), "layouts='even': expected a dict"),
     (lambda: deinsum.compile("ij,jk->ik", layouts=["even"]), "layouts=['even']: expected a dict"),
     (lambda: deinsum.einsum("ij,jk->ik", np.ones((2, 3)), np.ones((3, 4)), comm="world"),
@@ -118,3 +123,11 @@ def test_local_blocks_of_wrong_shape_are_named():
     prog = deinsum.compile("ij,jk->ik", (2, 3), (3, 4))
     with pytest.raises(DeinsumError, match=r"operand 0: rank 0 must pass its block of shape \(2, 3\)"):
         prog(np.ones((2, 2)), np.ones((3, 4)), inputs="local")
+
+
+def test_every_entry_point_takes_numpy_integers_for_nprocs():
+    prog = deinsum.compile("ij,jk->ik", (8, 6), (6, 4))
+    assert prog.plan(nprocs=np.int64(4)).nprocs == 4
+    assert prog.analysis(nprocs=np.int64(4)).P == prog.analysis(nprocs=4).P == 4
+    assert prog.report(nprocs=np.int64(4)) == prog.report(nprocs=4)
+    assert deinsum.compile("ij,jk->ik", nprocs=np.int32(3)).nprocs == 3

@@ -254,8 +254,10 @@ def load_npy(path, shape, dtype, casting="safe", what="input", error=ValueError)
     empty file, not a ``.npy`` (e.g. ``.npz``), non-numeric data, wrong shape, or a cast
     ``numpy.can_cast`` refuses under ``casting``."""
     dtype = np.dtype(dtype)
+    if os.path.isdir(path):
+        raise error(f"{what} {path}: a directory, not a .npy file")
     if not os.path.isfile(path):
-        raise error(f"{what} {path}: no such file")
+        raise error(f"{what} {path}: no such file" if not os.path.exists(path) else f"{what} {path}: not a regular file")
     if os.path.getsize(path) == 0:
         raise error(f"{what} {path}: the file is empty")
     try:

@@ -27,6 +27,9 @@ class ProgramError(Exception):
     """A wrong run-time argument (sizes, number of ranks, input files)."""
 
 
+#: The most timed runs one launch takes (``--repeat``).
+MAX_REPEAT = 100_000
+
 def check_sizes(options, planned):
     """Validate ``--size i=4,j=5`` options against the planned sizes."""
     for option in options:
@@ -90,8 +93,8 @@ def script_main(ns, argv=None):
             raise ProgramError(f"this program was planned for {ns['NPROCS']} ranks, not {comm.size}: "
                                f"run mpiexec -n {ns['NPROCS']} or emit it again")
         check_sizes(args.size, ns["SIZES"])
-        if args.repeat < 1:
-            raise ProgramError("--repeat must be >= 1")
+        if not 1 <= args.repeat <= MAX_REPEAT:
+            raise ProgramError(f"--repeat {args.repeat}: expected 1 to {MAX_REPEAT:,} runs")
         limit = default_memory(node_ranks) if args.memory is None else as_bytes(args.memory, "--memory", ProgramError)
         need = int(peak_bytes(ns["FOOTPRINT"], [comm.rank], np.dtype(ns["DTYPE"]).itemsize)[0])
         check_memory(need, limit, "this program", comm.rank, ProgramError)
