@@ -1,14 +1,13 @@
 """Process grids: which Cartesian grid a fused group runs on.
 
-Everything here is pure planning and needs no MPI ranks; mpi4py is imported
-only inside :func:`make_communicators`.
+Everything here is pure planning and needs no MPI ranks (the runtime makes the
+grids' communicators: ``deinsum.runtime.runner.Runtime.cart``).
 
 * :class:`GridChoice` - a group's grid, and the layouts of its tensors on it.
 * :func:`candidate_grids` - the ordered factorisations of P (or fewer ranks) over a group's indices.
 * :func:`estimate_words` - a fast estimate, vectorised over candidate grids, of what the busiest
   rank receives; the planner scores the best few candidates exactly with
   :func:`deinsum.redistribute.received_words`, the one volume model.
-* :func:`make_communicators` - the Cartesian and sub-communicators of a grid.
 
 >>> sizes = dict(i=10, j=10, k=10, a=10)
 >>> choice = GridChoice("ijka", (2, 2, 2, 1), "ia", 8)
@@ -19,14 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from deinsum.errors import DeinsumError
 from deinsum.layout import Layout, block_range, max_power, ordered_factorisations, prime_factors
 
-__all__ = ["GridChoice", "candidate_grids", "estimate_words", "block_imbalance", "GridComms", "make_communicators"]
+__all__ = ["GridChoice", "candidate_grids", "estimate_words", "block_imbalance"]
 
 #: Fewer than P ranks are searched when P has a prime factor above this, or when no grid of P
 #: ranks fits the sizes: then the largest counts below P whose prime factors are all <= SMOOTH_PRIME
@@ -213,55 +212,3 @@ def block_imbalance(dims: np.ndarray, indices: str, sizes: Mapping[str, int]) ->
     if gap.shape[1]:
         gap -= gap.mean(axis=1, keepdims=True)
     return (gap ** 2).sum(axis=1)
-
-
-# ----------------------------------------------------------------------------- communicators
-
-@dataclass
-class GridComms:
-    """MPI communicators of one group's grid, on one rank.
-
-    ``cart`` is ``MPI.COMM_NULL`` and the others are empty/None on ranks
-    outside the grid. ``replication[name]`` spans the grid dims not in tensor
-    ``name`` (the ranks holding copies of the same block); ``reduction`` spans
-    the reduction dims (the ranks whose partial sums of the output add up).
-    """
-
-    cart: Any
-    replication: dict[str, Any]
-    reduction: Any
-
-    @property
-    def active(self) -> bool:
-        """Whether this rank is part of the grid."""
-        return self.reduction is not None
-
-    def free(self) -> None:
-        """Free every communicator created here (collective over each)."""
-        if self.active:
-            for comm in (*self.replication.values(), self.reduction, self.cart):
-                comm.Free()
-        self.replication, self.reduction = {}, None
-
-
-def make_communicators(comm: Any, choice: GridChoice, tensors: Mapping[str, str]) -> GridComms:
-    """Cartesian communicator of ``choice`` (``reorder=False``) and its sub-communicators; collective on ``comm``.
-
-    ``tensors`` maps tensor names to their subscripts over ``choice.indices``.
-    """
-    from mpi4py import MPI
-
-    if comm.Get_size() != choice.nprocs:
-        raise DeinsumError(f"grid planned for {choice.nprocs} ranks, communicator has {comm.Get_size()}")
-    for name, subscripts in tensors.items():
-        if set(subscripts) - set(choice.indices):
-            raise DeinsumError(f"tensor {name} '{subscripts}' has an index outside grid '{choice.indices}'")
-    cart = comm.Create_cart(list(choice.dims), periods=[False] * len(choice.dims), reorder=False)
-    if cart == MPI.COMM_NULL:
-        return GridComms(cart, {}, None)
-    replication = {name: cart.Sub([c not in subscripts for c in choice.indices])
-                   for name, subscripts in tensors.items()}
-    reduction = cart.Sub([c not in choice.output for c in choice.indices])
-    return GridComms(cart, replication, reduction)
-
-

@@ -59,7 +59,7 @@ def launch(seed: int) -> tuple[int, str, dict]:
         elif kind == "self":     # some ranks alone first
             alone = [r.random() < 0.5 for _ in range(nprocs)]
             lines.append(f"if {alone}[rank]:")
-            lines.append(f"    deinsum.einsum('ij,jk->ik', A, B, comm=MPI.COMM_SELF)")
+            lines.append("    deinsum.einsum('ij,jk->ik', A, B, comm=MPI.COMM_SELF)")
             lines.append(f"step('{label}', lambda: deinsum.einsum('ij,jk->ik', A, B), A @ B)")
             refused[label] = False
         elif kind == "call":     # an option that may differ between ranks
@@ -76,7 +76,7 @@ def launch(seed: int) -> tuple[int, str, dict]:
             refused[label] = len(set(specs)) > 1
         else:                    # a DistributedArray method whose argument may differ between ranks
             widths = [r.choice([4, 4, 3]) for _ in range(nprocs)]
-            lines.append(f"x = deinsum.DistributedArray.from_global(A, 'even')")
+            lines.append("x = deinsum.DistributedArray.from_global(A, 'even')")
             lines.append(f"step('{label}', lambda: x.matmul(np.ones((5, {widths}[rank]))), "
                          f"A @ np.ones((5, {widths[0]})))")
             refused[label] = len(set(widths)) > 1
