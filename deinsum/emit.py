@@ -1,17 +1,15 @@
 """Emit a Plan as a standalone, readable mpi4py program whose size does not grow with the ranks.
 
-The program is the plan's data as Python literals (layouts, not tables), the
-schedule as straight-line code: one function per fused group that moves what
-the group reads (``rt.scatter``, ``rt.reduce_scatter``, ..., each on its named
-communicator) and runs its local steps, and ``run`` that calls them in order;
-and, as one delimited block, the definitions it uses from the modules in
-:data:`RUNTIME` (layouts, the per-rank exchange tables, kernels, exchange,
-runtime, driver), their lines verbatim but indented by half, without
-docstrings and comments. Each rank builds its own exchange tables and
-footprint from the layouts at start-up, so the size does not depend on the
-number of ranks (MTTKRP 64^3 x 8 on rank 0: about 60 kB at P = 8 and at
-P = 65,536). ``Program.__call__`` runs the same schedule through the same
-modules in-process.
+The program is the plan's data as Python literals (layouts as tuples, not
+tables), the schedule as straight-line code: one function per fused group that
+moves what the group reads (``rt.scatter``, ``rt.reduce_scatter``, ..., each on
+its named communicator) and runs its local steps, and ``run`` that calls them in
+order; then the runtime it runs on: the package files of :data:`RUNTIME`, byte
+for byte, as one compressed payload that the script imports from itself
+(:mod:`deinsum.runtime.bundle`, whose text comes first, verbatim). Each rank
+builds its own exchange tables and footprint from the layouts at start-up, so
+the size does not depend on the number of ranks. ``Program.__call__`` runs the
+same schedule through the same modules in-process.
 
 Nothing from the user reaches the code except through ``repr`` of plain data
 (strings, ints, tuples) and comments; tensor names are checked against a
@@ -19,26 +17,26 @@ fixed pattern.
 """
 from __future__ import annotations
 
-import ast
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from .errors import DeinsumError
 from .footprint import footprint_terms
+from .runtime.bundle import pack, package_name
 from .schedule import Move
 from .version import __version__
 
-#: The modules (under deinsum/) an emitted script carries, in dependency order.
-RUNTIME = ("errors.py", "layout.py", "redistribute.py", "runtime/kernels.py", "runtime/exchange.py",
-           "memory.py", "runtime/checks.py", "footprint.py", "runtime/gpu.py",
+#: The package files (under deinsum/) an emitted script carries, byte for byte.
+RUNTIME = ("errors.py", "memory.py", "layout.py", "redistribute.py", "footprint.py", "runtime/__init__.py",
+           "runtime/exchange.py", "runtime/kernels.py", "runtime/checks.py", "runtime/gpu.py",
            "runtime/runner.py", "runtime/driver.py")
-#: What the driver (and the test harness that runs a script's own code) reaches besides the listing.
-ENTRY = ("script_main", "exit_with", "script_runtime", "validation_operands")
-BEGIN = "# " + "=" * 30 + " BEGIN deinsum runtime " + "=" * 30
-END = "# " + "=" * 30 + " END deinsum runtime " + "=" * 32
+#: What the driver (and the test harness that runs a script's own code) takes from the runtime.
+ENTRY = ("exit_with", "script_main", "script_runtime", "validation_operands")
+#: The line that opens the runtime's part of a script.
+RUNTIME_MARK = "# " + "=" * 20 + " the runtime " + "=" * 20
 _NAME = re.compile(r"^(in\d+|t\d+|out)$")
+_PACKAGE = Path(__file__).parent
 
 
 def _name(name: str) -> str:
@@ -48,197 +46,31 @@ def _name(name: str) -> str:
     return name
 
 
-_WORD = re.compile(r"(\.\s*)?\b([A-Za-z_]\w*)")
-#: Python's tokens as far as the carrier needs them: strings (with any prefix), comments, names, dots,
-#: brackets, backslash continuations and line ends; everything else is skipped.
-_TOKEN = re.compile(r"""(?P<string>(?:[rRbBuUfF]{1,2}(?=['"]))?(?:'\'\'(?:\\.|[^\\])*?'\'\'|\"\"\"(?:\\.|[^\\])*?\"\"\"
-                                  |'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*"))
-                      |(?P<comment>\#[^\n]*)|(?P<name>[A-Za-z_]\w*)|(?P<dot>\.)|(?P<open>[(\[{])|(?P<close>[)\]}])
-                      |(?P<backslash>\\(?=\n))|(?P<newline>\n)""", re.X)
+@lru_cache(maxsize=1)
+def runtime_payload() -> str:
+    """The :data:`RUNTIME` files as one payload (:func:`deinsum.runtime.bundle.pack`; read once per process)."""
+    return pack({path: (_PACKAGE / path).read_text() for path in RUNTIME})
 
 
-@dataclass(frozen=True)
-class _Def:
-    """A top-level statement (or a method) of a carried module: the names it defines (none: always kept),
-    its lines, and the names (``x``) and attributes (``.x``) its code mentions."""
-
-    names: tuple[str, ...]
-    lines: range
-    names_used: frozenset
-    attrs_used: frozenset
-    methods: tuple = ()
-
-
-@dataclass(frozen=True)
-class _Module:
-    """A carried module's lines, its definitions, and the lines no program keeps (docstrings, comments,
-    blank lines, imports of other deinsum modules; ``replace``: an emptied body's ``pass``; ``inside``:
-    lines inside a multi-line string; ``cut``: the spaces a line loses, half its statement's indentation;
-    ``trim``: where a line's inline comment starts)."""
-
-    lines: tuple[str, ...]
-    defs: tuple[_Def, ...]
-    drop: frozenset
-    replace: dict
-    inside: frozenset
-    cut: dict
-    trim: dict
-
-
-def _body_docstrings(body, drop: set, replace: dict, top: bool = False) -> None:
-    """Mark the docstrings of ``body`` and of the definitions nested in it."""
-    first = body[0] if body else None
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-        drop.update(range(first.lineno, first.end_lineno + 1))
-        if len(body) == 1 and not top:
-            replace[first.lineno] = " " * first.col_offset + "pass"
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            _body_docstrings(node.body, drop, replace)
-
-
-def _first_line(node) -> int:
-    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
-
-
-@lru_cache(maxsize=None)
-def _module(text: str) -> _Module:
-    """Index one carried module (cached: every emission reads the same files)."""
-    tree = ast.parse(text)
-    lines = tuple(text.splitlines())
-    drop, replace = set(), {}
-    _body_docstrings(tree.body, drop, replace, top=True)
-    inside = set()   # lines inside multi-line strings keep their blanks and hashes
-    words: dict[int, list] = {}   # per line, the (is_attribute, name) of its identifiers
-    cut: dict[int, int] = {}   # per line, the spaces it loses: half its statement's indentation
-    trim: dict[int, int] = {}  # per line, where an inline comment starts
-    line, depth, dot, joined = 1, 0, False, False
-    cut[1] = 0
-    for match in _TOKEN.finditer(text):
-        kind, value = match.lastgroup, match.group()
-        if kind == "newline":
-            line += 1
-            if depth or joined:   # a continuation line moves with its statement
-                cut[line] = cut[line - 1]
-            else:
-                indent = len(lines[line - 1]) - len(lines[line - 1].lstrip(" ")) if line <= len(lines) else 0
-                cut[line] = indent - indent // 2
-            joined = False
-            continue
-        if kind == "string":
-            if "f" in value.split(value[-1])[0].lower():   # an f-string: the names in its expressions
-                words.setdefault(line, []).extend((bool(d), w) for d, w in _WORD.findall(value))
-            end = line + value.count("\n")
-            inside.update(range(line + 1, end + 1))
-            cut.update((n, cut[line]) for n in range(line + 1, end + 1))
-            line = end
-        elif kind == "comment":
-            column = match.start() - text.rfind("\n", 0, match.start()) - 1
-            if lines[line - 1][:column].strip():
-                trim[line] = column          # an inline comment: the code before it stays
-            else:
-                drop.add(line)
-        elif kind == "name":
-            words.setdefault(line, []).append((dot, value))
-        elif kind == "open" or kind == "close":
-            depth += 1 if kind == "open" else -1
-        joined = kind == "backslash"
-        dot = kind == "dot"
-    drop.update(n for n, line in enumerate(lines, 1) if not line.strip() and n not in inside)
-
-    def define(node, names, skip=()) -> _Def:
-        span = range(_first_line(node), node.end_lineno + 1)
-        found = [w for n in span if n not in drop and n not in skip for w in words.get(n, ())]
-        return _Def(tuple(names), span, frozenset(w for is_attr, w in found if not is_attr),
-                    frozenset(w for is_attr, w in found if is_attr))
-
-    defs = []
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and (node.level or node.module == "__future__") or (
-                isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__all__"):
-            drop.update(range(node.lineno, node.end_lineno + 1))
-            continue
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            names = [node.name]
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names = [n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)]
-        else:
-            names = []
-        entry = define(node, names)
-        if isinstance(node, ast.ClassDef):
-            methods = tuple(define(part, [part.name]) for part in node.body if isinstance(part, ast.FunctionDef))
-            rest = define(node, names, skip=set().union(*(m.lines for m in methods)))
-            entry = _Def(rest.names, rest.lines, rest.names_used, rest.attrs_used, methods)
-        defs.append(entry)
-    return _Module(lines, tuple(defs), frozenset(drop), replace, frozenset(inside), cut, trim)
-
-
-def _kept(modules, roots: set[str]) -> set[tuple[int, range]]:
-    """The (module number, line span) of the definitions reachable from the names ``roots`` (to a fixed
-    point): a top-level definition when a kept one mentions its name, a method when one mentions it as an
-    attribute (or its class's own code by name), dunder methods with their class."""
-    names, attrs, kept = set(roots), set(roots), set()
-    while True:
-        before = len(names) + len(attrs)
-        for k, module in enumerate(modules):
-            for d in module.defs:
-                if d.names and not set(d.names) & names:
-                    continue
-                kept.add((k, d.lines))
-                names |= d.names_used
-                attrs |= d.attrs_used
-                for m in d.methods:
-                    if m.names[0] in attrs or m.names[0] in d.names_used or m.names[0].startswith("__"):
-                        kept.add((k, m.lines))
-                        names |= m.names_used
-                        attrs |= m.attrs_used
-        if len(names) + len(attrs) == before:
-            return kept
-
-
-def _lines(module: _Module, kept: set[range]) -> list[str]:
-    """The module's lines that the program keeps (``kept``: the line spans of its kept definitions),
-    indented by half (a continuation line moves with its statement; lines inside multi-line strings stay
-    as they are)."""
-    out = []
-    for d in module.defs:
-        if d.lines not in kept:
-            continue
-        skip = set().union(*(m.lines for m in d.methods if m.lines not in kept))
-        for n in d.lines:
-            line = module.replace.get(n, module.lines[n - 1])
-            if n in module.trim and n not in module.replace:
-                line = line[:module.trim[n]].rstrip()
-            if (n in module.drop or n in skip) and n not in module.replace:
-                continue
-            if n in module.inside:
-                out.append(line)
-            else:
-                out.append(line[min(module.cut.get(n, 0), len(line) - len(line.lstrip(" "))):])
-    return out
-
-
-def runtime_source(roots=ENTRY) -> str:
-    """The definitions of the :data:`RUNTIME` modules reachable from the names ``roots`` as one block:
-    their lines verbatim, without docstrings, comments (inline ones too), blank lines and their imports of
-    each other."""
-    package = Path(__file__).parent
-    modules = [_module((package / m).read_text()) for m in RUNTIME]
-    kept = _kept(modules, set(roots) | set(ENTRY))
-    parts = [BEGIN, f"# deinsum {__version__}: what this program uses of deinsum/{{{', '.join(RUNTIME)}}},",
-             "# their lines verbatim (indented by half), without docstrings, comments and imports of each other"]
-    imported = set()   # each import once
-    for k, (name, module) in enumerate(zip(RUNTIME, modules)):
-        parts.append(f"# ---- {name}")
-        for line in _lines(module, {lines for n, lines in kept if n == k}):   # (spans of other files may coincide)
-            if line.startswith(("import ", "from ")):
-                if line in imported:
-                    continue
-                imported.add(line)
-            parts.append(line)
-    parts.append(END)
-    return "\n".join(parts)
+def runtime_part(device: str = "cpu") -> str:
+    """The script's runtime: :mod:`deinsum.runtime.bundle` verbatim, the payload, its installation and the
+    imports of the entry points (and, with ``device='gpu'``, of ``open_device``)."""
+    payload = runtime_payload()
+    package = package_name(payload)
+    width = 100
+    chunks = "\n".join(f'    "{payload[k:k + width]}"' for k in range(0, len(payload), width))
+    lines = [RUNTIME_MARK, f"# deinsum {__version__}'s package files, byte for byte (zlib, base85) in RUNTIME:",
+             *(f"#   {', '.join(RUNTIME[k:k + 6])}" for k in range(0, len(RUNTIME), 6)),
+             f"# imported from there as the package {package} by the code of runtime/bundle.py, verbatim:",
+             (_PACKAGE / "runtime" / "bundle.py").read_text().rstrip("\n"),
+             "", "", f"RUNTIME = (\n{chunks}\n)",
+             f"install(RUNTIME, 'deinsum {__version__}')",
+             f"from {package}.runtime.driver import {', '.join(ENTRY)}  # noqa: E402"]
+    if device == "gpu":
+        lines.append(f"from {package}.runtime.gpu import open_device as OPEN_DEVICE  # noqa: E402")
+    harness = ["run", "script_runtime", "validation_operands"] + (["OPEN_DEVICE"] if device == "gpu" else [])
+    lines.append(f"__all__ = {harness!r}   # what the driver and a test harness take from this module")
+    return "\n".join(lines)
 
 
 def _comment_block(text: str) -> str:
@@ -256,9 +88,8 @@ def _layouts(plan) -> dict:
 
 
 def _literal(layout) -> str:
-    """``layout`` as positional Python source."""
-    partial = f", {layout.partial!r}" if layout.partial else ""
-    return f"Layout({layout.shape!r}, {layout.grid!r}, {layout.axes!r}{partial})"
+    """``layout`` as a tuple literal ``(shape, grid, axes, partial)`` (the driver makes the Layout)."""
+    return repr((layout.shape, layout.grid, layout.axes, layout.partial))
 
 
 def generate(plan, device: str = "cpu") -> str:
@@ -291,9 +122,10 @@ def generate(plan, device: str = "cpu") -> str:
         f"RESULT = {plan.result!r}",
         f"SIZES = {sizes!r}",
         f"INPUT_SHAPES = {shapes!r}",
-        "OPEN_DEVICE = open_device  # --device gpu runs the local contractions with CuPy" if device == "gpu" else
-        "OPEN_DEVICE = None  # emitted for the CPU (emit with device='gpu' for --device gpu)",
-        "# the layouts: Layout(shape, grid, axes[, partial]); axes[x] = the grid dimension(s) splitting axis x",
+        "# --device gpu runs the local contractions with CuPy: OPEN_DEVICE comes with the runtime" if device == "gpu"
+        else "OPEN_DEVICE = None  # emitted for the CPU (emit with device='gpu' for --device gpu)",
+        "# the layouts: (shape, grid, axes, partial); axes[x] = the grid dimension(s) splitting axis x, partial =",
+        "# the grid dimensions over which blocks hold partial sums",
         "\n".join(f"{name} = {_literal(layout)}" for layout, name in names.items()),
         "# MOVES[k] = (timer, label, source layout, destination layout, split, rounds) of move k, from which every",
         "# rank builds its own exchange tables at start-up (split: None, or how a reduce-scatter first cuts each",
@@ -310,9 +142,8 @@ def generate(plan, device: str = "cpu") -> str:
     for g in plan.groups:
         data.append(f"GRID{g.index} = {tuple(g.grid.dims)!r}  # ({', '.join(g.indices)})")
     footer = ["if __name__ == '__main__':", "    exit_with(script_main(globals()))", ""]
-    program = "\n\n".join(["\n".join(data), _listing(plan), "\n".join(footer)])
-    runtime = runtime_source({w for _, w in _WORD.findall(program)})
-    return "\n\n".join(["\n".join(header), runtime, program])
+    return "\n\n\n".join(["\n".join(header), "\n".join(data), _listing(plan).rstrip("\n"), runtime_part(device),
+                           "\n".join(footer)])
 
 
 def _listing(plan) -> str:

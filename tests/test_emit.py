@@ -1,5 +1,9 @@
 """Emitted standalone scripts: correctness at P = 1, 3, 4, 8, errors, and no code injection."""
 import ast
+import importlib
+import re
+import traceback
+import types
 import json
 import subprocess
 import sys
@@ -11,7 +15,8 @@ import pytest
 import deinsum
 from deinsum.footprint import SLACK
 from deinsum import DeinsumError
-from deinsum.emit import BEGIN, END, RUNTIME, generate
+from deinsum.emit import RUNTIME, RUNTIME_MARK, generate
+from deinsum.runtime.bundle import package_name, unpack
 from mpirun import run_mpi_script
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
@@ -235,19 +240,13 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
             subs = tuple(sub for _, sub in group.reads)
             names = ", ".join(name for name, _ in group.reads)
             lines += ["    if rt.member(GRID0):", f"        out = rt.contract_group({subs!r}, 'ia', {names})  # KRP, TDOT"]
-    listing = text[text.index(END):]
+    listing = text[:text.index(RUNTIME_MARK)]
     where = [listing.find("\n" + line + "\n") for line in lines]
     assert -1 not in where and where == sorted(where), [line for line, at in zip(lines, where) if at < 0]
     assert any(e.comm.name == "grid0_sum" for m in plan.moves for e in m.exchanges)   # MTTKRP's partial sums
-    # the runtime is one delimited block of lines of the modules it is made of (indented by half, inline
-    # comments cut)
-    assert text.count(BEGIN) == text.count(END) == 1
-    block = text[text.index(BEGIN):text.index(END) + len(END)]
-    sources = {part for m in RUNTIME for line in (PACKAGE / m).read_text().splitlines()
-               for part in (line.strip(), line.split("  #")[0].strip())}
-    assert all(line.strip() in sources for line in block.splitlines() if not line.startswith("#"))
-    assert "def rank_tables(" in block and "def _plan_phase(" not in block and "def spread(" not in block
-    assert "def " not in text[:text.index(BEGIN)] and "class " not in text[text.index(END):]
+    # then the runtime, once: the bundle's code verbatim and the package files as its payload
+    assert text.count(RUNTIME_MARK) == 1 and (PACKAGE / "runtime" / "bundle.py").read_text() in text
+    assert "class " not in listing
     assert subprocess.run([sys.executable, "-c", "import ast,sys; ast.parse(open(sys.argv[1]).read())", str(path)],
                           timeout=60).returncode == 0
 
@@ -266,20 +265,32 @@ def test_script_size_does_not_grow_with_the_ranks(inputs, result):
         text = generate(prog.plan(nprocs=nprocs))
         compile(text, "script", "exec")
         sizes[nprocs] = len(text.encode())
-        assert "Layout(" in text and "rank_tables(" in text
+        assert RUNTIME_MARK in text
     assert max(sizes.values()) <= 80_000, sizes
     assert max(sizes.values()) - min(sizes.values()) < 2_000, sizes   # other grids and moves, no per-rank data
 
 
-def test_a_definition_is_kept_by_its_own_file_not_by_one_on_the_same_lines():
-    """Two carried files with definitions on the same lines: only the one a program reaches is emitted (a
-    method of runtime.py on redistribute.received_words's lines once emitted that function, undefined names
-    and all)."""
-    from deinsum import emit as E
-    used, unused = E._module("x = 1\ndef used():\n    return x\n"), E._module("y = 2\ndef unused():\n    return y\n")
-    kept = E._kept([used, unused], {"used"})
-    assert kept == {(0, range(1, 2)), (0, range(2, 4))}
-    assert E._lines(unused, {lines for k, lines in kept if k == 1}) == []
+def payload_of(text: str) -> str:
+    """The RUNTIME payload of an emitted script's text."""
+    block = text[text.index("RUNTIME = (\n"):]
+    return "".join(re.findall(r'^    "([^"]*)"$', block[:block.index("\n)\n")], flags=re.M))
+
+
+def test_the_runtime_is_carried_byte_for_byte_and_tracebacks_name_its_files():
+    """The payload unpacks to the package's own files; an error inside the runtime's code shows the file
+    under deinsum/ and the line of that file."""
+    text = generate(deinsum.compile("ij,jk->ik", (4, 3), (3, 2)).plan(nprocs=2))
+    payload = payload_of(text)
+    assert unpack(payload) == {path: (PACKAGE / path).read_text() for path in RUNTIME}
+    module = types.ModuleType("emitted_tb")
+    exec(compile(text, "script", "exec"), module.__dict__)
+    redistribute = importlib.import_module(package_name(payload) + ".redistribute")
+    layout = importlib.import_module(package_name(payload) + ".layout")
+    with pytest.raises(ValueError) as info:
+        redistribute.plan_redistribution(layout.Layout.even((4,), 2), layout.Layout.even((5,), 2), 2)
+    frame = traceback.extract_tb(info.tb)[-1]
+    assert frame.filename.endswith("/deinsum/redistribute.py")
+    assert frame.line == (PACKAGE / "redistribute.py").read_text().splitlines()[frame.lineno - 1].strip()
 
 
 def test_emitted_script_defines_every_name_it_uses(tmp_path):
@@ -289,5 +300,4 @@ def test_emitted_script_defines_every_name_it_uses(tmp_path):
     for eq, shapes in [("ijk,ja,ka->ia", [(8, 9, 10), (9, 4), (10, 4)]), ("ii->", [(5, 5)])]:
         text = generate(deinsum.compile(eq, *shapes).plan(nprocs=4, inputs="root", result="root"))
         out = io.StringIO()
-        pyflakes.check(text, "script", Reporter(out, out))
-        assert "undefined name" not in out.getvalue(), out.getvalue()
+        assert pyflakes.check(text, "script", Reporter(out, out)) == 0, out.getvalue()   # no warning at all

@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..footprint import peak_bytes
+from ..layout import Layout
 from ..redistribute import rank_tables
 from ..memory import as_bytes, default_memory
 from .checks import agree, check_memory, check_output_path, collectively, load_npy, matches, max_error
@@ -59,11 +60,18 @@ def summarize(samples):
     return f"{float(np.median(samples)):.6f} [{min(samples):.6f}, {max(samples):.6f}]"
 
 
+def footprint_of(ns):
+    """The script's ``FOOTPRINT`` as :func:`deinsum.footprint.peak_bytes` takes it (its layouts are tuples)."""
+    held, transients = ns["FOOTPRINT"]
+    terms = lambda group: tuple((Layout(*layout), *rest) for layout, *rest in group)  # noqa: E731
+    return terms(held), tuple(terms(group) for group in transients)
+
+
 def script_runtime(ns, comm, device=None):
     """This rank's :class:`Runtime` for an emitted program (``ns`` = its globals), its tables built from
     ``MOVES[k] = (timer, label, src, dst, split, rounds)``, computing on ``device`` (a GPU) if given."""
     rank = comm.Get_rank()
-    moves = [(timer, label, rank_tables(src, dst, ns["NPROCS"], rank, split, rounds))
+    moves = [(timer, label, rank_tables(Layout(*src), Layout(*dst), ns["NPROCS"], rank, split, rounds))
              for timer, label, src, dst, split, rounds in ns["MOVES"]]
     return Runtime(comm, ns["DTYPE"], moves, device)
 
@@ -96,7 +104,7 @@ def script_main(ns, argv=None):
         if not 1 <= args.repeat <= MAX_REPEAT:
             raise ProgramError(f"--repeat {args.repeat}: expected 1 to {MAX_REPEAT:,} runs")
         limit = default_memory(node_ranks) if args.memory is None else as_bytes(args.memory, "--memory", ProgramError)
-        need = int(peak_bytes(ns["FOOTPRINT"], [comm.rank], np.dtype(ns["DTYPE"]).itemsize)[0])
+        need = int(peak_bytes(footprint_of(ns), [comm.rank], np.dtype(ns["DTYPE"]).itemsize)[0])
         check_memory(need, limit, "this program", comm.rank, ProgramError)
         if comm.rank == 0 and args.save is not None:
             check_output_path(args.save, ProgramError)
