@@ -682,8 +682,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     finish = (pin_layout(pins["out"], shape_of(d.output), nprocs, "out") if "out" in pins
               else None if result == "distributed" else mode_layout(result, shape_of(d.output), nprocs))
     held = {**{n: lay for n, lay in starts.items() if lay is not None}, **({"out": finish} if finish else {})}
-    analysis = analyze(d, S=max(1, memory // dtype.itemsize), P=nprocs,
-                       owned=_owned_words(d, nprocs, held)) if d.steps else None
+    analysis = analyze(d, S=max(1, memory // dtype.itemsize), P=nprocs, owned=_owned_words(d, nprocs, held),
+                       result_copies=_result_copies_words(d, nprocs, finish)) if d.steps else None
 
     if not d.steps:  # a single operand (global or root): the pre-pass makes the result where the operand is
         src = mode_layout(inputs, shape_of(d.output), nprocs)
@@ -716,9 +716,10 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
 
 
 def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
-    """The plan's bounds (:class:`PlanBound`) from the analysis' memory-independent group bounds (``scored``:
-    the planned state of each candidate partition scored; ``chosen``: the plan's partition)."""
-    copies = _result_copies_words(plan.decomposition, plan.nprocs, plan.fixed_layouts.get("out"))
+    """The plan's bounds (:class:`PlanBound`) from the analysis' memory-independent group bounds, each at
+    least what the result's copies cost (``scored``: the planned state of each candidate partition
+    scored; ``chosen``: the plan's partition)."""
+    copies = _whole(analysis.result_copies)
     group_words = {c.partition: [_whole(g.parallel.Q_indep) for g in c.groups] for c in analysis.candidates}
     candidates = [(p, max(copies, *words), None if p not in scored else int(scored[p].received.max(initial=0)))
                   for p, words in group_words.items()]
@@ -729,7 +730,7 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
     per_group = [max(copies, w) if last in g else w for g, w in zip(chosen, group_words[chosen])]
     in_order = sorted(range(len(chosen)), key=lambda k: max(chosen[k]))     # the plan's groups run in this order
     return PlanBound(words, tuple(per_group[k] for k in in_order), tuple(candidates), binding,
-                     max(copies, _whole(analysis.atomic.Q_indep)))
+                     _whole(analysis.atomic_words))
 
 
 def _owned_words(d: Decomposition, nprocs: int, layouts: Mapping[str, Layout]) -> dict[str, float]:

@@ -125,6 +125,7 @@ class Analysis:
     ranking: str
     atomic: ParallelBound | None = None      # the whole einsum as one statement (with sizes and P)
     owned: dict[str, float] | None = None    # average words per rank held at the start or end, if not |T|/P
+    result_copies: float = 0.0               # words some rank receives because the result ends with copies
 
     @property
     def chosen(self) -> tuple[tuple[int, ...], ...]:
@@ -146,12 +147,18 @@ class Analysis:
         >>> from deinsum.decompose import decompose
         >>> a = analyze(decompose("ij,jk,kl->il", (300, 20), (20, 200), (200, 30)), P=3)
         >>> words, best = a.class_bound
-        >>> round(words), best.partition, round(a.atomic.Q_indep)    # the atomic bound is not below it
+        >>> round(words), best.partition, round(a.atomic_words)    # the atomic bound is not below it
         (400, ((0,), (1,)), 5523)
         """
         if self.candidates[0].parallel_Q is None:
             return None
-        return min(((c.parallel_Q, c) for c in self.candidates), key=lambda qc: qc[0])
+        words, best = min(((c.parallel_Q, c) for c in self.candidates), key=lambda qc: qc[0])
+        return max(words, self.result_copies), best
+
+    @property
+    def atomic_words(self) -> float | None:
+        """The atomic bound per rank: the whole einsum as one statement (None without sizes and P)."""
+        return None if self.atomic is None else max(self.atomic.Q_indep, self.result_copies)
 
     @property
     def layout(self) -> str:
@@ -236,7 +243,7 @@ def partitions(steps: Sequence) -> list[tuple[tuple[int, ...], ...]]:
 
 
 def analyze(decomposition, S: float | None = None, P: int | None = None,
-            owned: dict[str, float] | None = None) -> Analysis:
+            owned: dict[str, float] | None = None, result_copies: float = 0.0) -> Analysis:
     """SOAP analysis of a decomposition (``deinsum.decompose``): every fusion candidate with its
     bound, the best one, per-group statements, closed forms, size-aware bounds and tiles.
 
@@ -276,7 +283,8 @@ def analyze(decomposition, S: float | None = None, P: int | None = None,
     else:
         ranking = f"ranked by the size-aware numeric bound at S = {S:g}"
     equation = getattr(decomposition, "equation", ",".join(steps[0].subscripts) + "->" + steps[-1].output)
-    return Analysis(equation, steps, sizes, S, P, sdg(steps), tuple(cands), ranking, atomic, owned or None)
+    return Analysis(equation, steps, sizes, S, P, sdg(steps), tuple(cands), ranking, atomic, owned or None,
+                    float(result_copies))
 
 
 @lru_cache(maxsize=4096)

@@ -97,14 +97,14 @@ def parallel_text(a) -> list[str]:
     words, best = a.class_bound
     rows = [[_group_name(a, g.steps), _num(g.parallel.Q_indep), _num(g.parallel.XP), _num(g.parallel.owned),
              _tiles(g.parallel.tiles, lambda t: f"{t:.4g}")] for g in best.groups]
-    atomic = a.atomic
+    atomic, copies = a.atomic, (f"; at least the result's copies, {_num(a.result_copies)}" if a.result_copies else "")
     rows.append(["(atomic)", _num(atomic.Q_indep), _num(atomic.XP), _num(atomic.owned),
                  _tiles(atomic.tiles, lambda t: f"{t:.4g}")])
     return ([f"  per-rank lower bounds on P = {a.P} (words received by the busiest rank, any memory; {a.layout}):",
              f"    class bound >= {_num(words)}: opt_einsum's path, fused as any candidate (the least, over "
-             f"candidates, of the largest group bound; attained by {_partition_name(a, best.partition)})",
-             f"    atomic bound >= {_num(atomic.Q_indep)}: one-statement algorithms only (the whole einsum as one "
-             f"statement)"]
+             f"candidates, of the largest group bound; attained by {_partition_name(a, best.partition)}{copies})",
+             f"    atomic bound >= {_num(a.atomic_words)}: one-statement algorithms only (the whole einsum as one "
+             f"statement{copies})"]
             + _table(["group", "bound", "X_P", "held", "per-rank tile"], rows, "    "))
 
 
@@ -181,7 +181,7 @@ def as_dict(a) -> dict:
         "class_bound_words": bounds[0], "class_bound_partition": [list(g) for g in bounds[1].partition],
         "class_bound_covers": "opt_einsum's path, fused as any candidate: the least over candidates of the largest "
                               "group bound",
-        "atomic_bound_words": a.atomic.Q_indep, "atomic_bound_covers": "one-statement algorithms only"}
+        "atomic_bound_words": a.atomic_words, "result_copies_words": a.result_copies, "atomic_bound_covers": "one-statement algorithms only"}
     return {"equation": a.equation, "sizes": a.sizes, "S": a.S, "P": a.P, "layout": a.layout, "per_rank": per_rank,
             "sdg": [list(e) for e in a.sdg], "ranking": a.ranking,
             "chosen": [list(g) for g in a.chosen], "Q": total(a.candidates[0]),
