@@ -773,15 +773,11 @@ def _result_copies_words(d: Decomposition, nprocs: int, finish: Layout | None) -
     return max(0, finish.smallest_block(nprocs) - math.prod(finish.shape) // nprocs)
 
 
-#: Relative error the numeric bounds may carry (geometric programs solved to ~1e-12).
-NOISE = 1e-9
-
-
 def _whole(words: float) -> int:
-    """A bound on a count of words as a whole count: rounded up (received words are whole), after taking
-    off the solver's relative noise (``NOISE``), so noise never lifts it.
+    """A bound on a count of words as a whole count: received words are whole, so rounded up (the
+    bounds carry no solver noise upward: see ``deinsum.soap.parallel.NOISE``).
 
-    >>> _whole(399.99999999978), _whole(399.5), _whole(-3.0)
-    (400, 400, 0)
+    >>> _whole(399.2), _whole(-3.0)
+    (400, 0)
     """
-    return max(0, math.ceil(words - NOISE * max(1.0, words)))
+    return max(0, math.ceil(words))

