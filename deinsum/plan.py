@@ -79,24 +79,32 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class PlanBound:
-    """The per-rank lower bound a plan is held against, in words.
+    """The per-rank lower bounds a plan is held against, in words received by the busiest rank.
 
-    ``words``: the least any plan deinsum can make for this einsum and start
-    receives on its busiest rank (the smallest over fusion candidates of the
-    largest group bound); ``per_group``: the bound of each group of the chosen
-    plan, as one fused statement (the last group's at least what the copies of
-    a replicated result cost); ``candidates``: ``(partition, bound, modeled
-    words or None)`` of every fusion candidate.
+    ``words``: the class bound (:attr:`CLASS`), the least over fusion candidates of
+    the largest group bound, at least what the copies of a replicated result cost;
+    ``per_group``: the bound of each group of the chosen plan; ``candidates``:
+    ``(partition, bound, modeled words or None)`` of every fusion candidate;
+    ``atomic``: the whole einsum as one statement (:attr:`ATOMIC`). All hold under
+    :attr:`ASSUMPTIONS`, for any memory per rank.
     """
 
     words: float
     per_group: tuple[float, ...]
     candidates: tuple[tuple[tuple[tuple[int, ...], ...], float, int | None], ...]
     binding: str
+    atomic: float
 
-    COVERS = ("any fusion of this decomposition (each iteration computed once on P ranks, a rank owning "
-              "at most the blocks its plan gives it at the start and end)")
-    COVERS_CHOSEN = "this plan's fusion, each group as one fused statement"
+    CLASS = ("class bound: algorithms that run opt_einsum's contraction path of this einsum, its steps fused as any "
+             "of the fusion candidates")
+    CHOSEN = "this plan's path and fusion"
+    ATOMIC = "atomic bound: one-statement algorithms only (the whole einsum as one fused statement)"
+    ASSUMPTIONS = ("every rank computes 1/P of the iterations of every group (balance per group), each iteration "
+                   "once (no recomputation), one copy of every input at the start, of the result at the end and of "
+                   "each intermediate's complete values, unless the start or end mode replicates them; classical "
+                   "arithmetic")
+    METRIC = "words received by the busiest rank"
+    MEMORY = "memory-independent: they hold for any memory per rank"
 
     @property
     def chosen_words(self) -> float:
@@ -170,7 +178,7 @@ class Plan:
 
     @property
     def lower_bound_bytes(self) -> float:
-        """Bytes per rank that any plan deinsum can make for this einsum and start receives at least."""
+        """The class bound in bytes: what the busiest rank receives at least (:attr:`PlanBound.CLASS`)."""
         return 0.0 if self.bound is None else self.bound.words * self.dtype.itemsize
 
     def model_bytes(self) -> list[tuple[int, int]]:
@@ -209,9 +217,9 @@ class Plan:
                 lines.append(f"    in {g.rounds[1]} rounds over {g.rounds[0]}: each moves 1/{g.rounds[1]} of the blocks "
                              f"that hold {g.rounds[0]} and adds its partial result (the same bytes in all)")
             if self.bound is not None:
-                lines.append(f"    receives {_human(g.grid.volume * size)} per rank (busiest); bound as one "
-                             f"statement {_human(self.bound.per_group[g.index] * size)}"
-                             f" -> {_ratio(g.grid.volume, self.bound.per_group[g.index])}")
+                lines.append(f"    receives {_human(g.grid.volume * size)} per rank (busiest) in its moves; its bound "
+                             f"as one statement {_human(self.bound.per_group[g.index] * size)} (its data, received "
+                             f"in any group's moves)")
         lines.append("")
         lines.append("  data movement (bytes received per rank, max over ranks):")
         for m in self.moves:
@@ -220,13 +228,21 @@ class Plan:
         lines.append(f"  total received per rank: max {int(received.max()):,} bytes, "
                      f"mean {float(received.mean()):,.0f}")
         if self.bound is not None:
-            ours = int(received.max(initial=0)) / size
-            lines.append("  lower bounds per rank (bytes received by the busiest rank, words in brackets):")
-            lines.append(f"    {self.bound.chosen_words * size:>14,.0f} ({self.bound.chosen_words:,.0f})  "
-                         f"{PlanBound.COVERS_CHOSEN}; ours / bound = {_ratio(ours, self.bound.chosen_words)}")
-            lines.append(f"    {self.lower_bound_bytes:>14,.0f} ({self.bound.words:,.0f})  any schedule: "
-                         f"{PlanBound.COVERS} ({self.bound.binding}); ours / bound = {_ratio(ours, self.bound.words)}")
+            lines += self._bound_lines(int(received.max(initial=0)) // size)
         return "\n".join(lines)
+
+    def _bound_lines(self, ours: int) -> list[str]:
+        """The report's lower bounds, each with its class; the assumptions, start, end, metric and memory."""
+        b, size = self.bound, self.dtype.itemsize
+        outside = (f"; this plan moves less: it runs {len(self.groups)} statements, outside that class"
+                   if ours < b.atomic else "")
+        rows = [(b.chosen_words, PlanBound.CHOSEN, ""), (b.words, f"{PlanBound.CLASS} ({b.binding})", ""),
+                (b.atomic, PlanBound.ATOMIC, outside)]
+        return ([f"  lower bounds per rank, in bytes ({PlanBound.METRIC}; words in brackets); {PlanBound.MEMORY}; "
+                 f"from inputs {self.inputs!r} to result {self.result!r}:"]
+                + [f"    {w * size:>14,.0f} ({w:,.0f})  {covers}; ours / bound = {_ratio(ours, w)}{extra}"
+                   for w, covers, extra in rows]
+                + [f"    assuming {PlanBound.ASSUMPTIONS}"])
 
     def to_dict(self) -> dict:
         """The whole plan as JSON-ready data (bytes; words where noted)."""
@@ -272,9 +288,13 @@ class Plan:
                 "received_bytes_per_rank": received.tolist(),
                 "received_bytes_max": int(received.max(initial=0)),
                 "lower_bound_bytes_per_rank": self.lower_bound_bytes,
-                "lower_bound_covers": PlanBound.COVERS if self.bound is not None else None,
+                "lower_bound_covers": PlanBound.CLASS if self.bound is not None else None,
                 "chosen_schedule_bound_bytes_per_rank": 0.0 if self.bound is None else self.bound.chosen_words * size,
-                "chosen_schedule_bound_covers": PlanBound.COVERS_CHOSEN,
+                "chosen_schedule_bound_covers": PlanBound.CHOSEN,
+                "atomic_lower_bound_bytes_per_rank": 0.0 if self.bound is None else self.bound.atomic * size,
+                "atomic_lower_bound_covers": PlanBound.ATOMIC,
+                "lower_bound_assumptions": PlanBound.ASSUMPTIONS, "lower_bound_metric": PlanBound.METRIC,
+                "lower_bound_memory": PlanBound.MEMORY,
                 "fusion_candidates": [] if self.bound is None else [
                     {"partition": [list(g) for g in p], "lower_bound_bytes": b * size,
                      "received_bytes_per_rank": None if v is None else v * size}
@@ -659,7 +679,9 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
                            f"not {result!r}")
     finish = (pin_layout(pins["out"], shape_of(d.output), nprocs, "out") if "out" in pins
               else None if result == "distributed" else mode_layout(result, shape_of(d.output), nprocs))
-    analysis = analyze(d, S=max(1, memory // dtype.itemsize), P=nprocs) if d.steps else None
+    held = {**{n: lay for n, lay in starts.items() if lay is not None}, **({"out": finish} if finish else {})}
+    analysis = analyze(d, S=max(1, memory // dtype.itemsize), P=nprocs, owned=_owned_words(d, nprocs, held),
+                       result_copies=_result_copies_words(d, nprocs, finish)) if d.steps else None
 
     if not d.steps:  # a single operand (global or root): the pre-pass makes the result where the operand is
         src = mode_layout(inputs, shape_of(d.output), nprocs)
@@ -692,39 +714,38 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
 
 
 def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
-    """The lower bound for this einsum and start: the least, over fusion candidates, of the largest
-    per-rank bound of a group; in each candidate a rank owns at most the largest block that the
-    plan's fixed layouts (a global input is whole on every rank), the candidate's plan, or else an
-    even layout give it. The segment (memory-dependent) bound counts only where the data a rank
-    holds at the start and end fits its memory (``Plan.holds_data_share``)."""
-    d, nprocs, fixed, feasible = plan.decomposition, plan.nprocs, plan.fixed_layouts, plan.holds_data_share
-    candidates, per_partition = [], {}
-    copies, last = _result_copies_words(d, nprocs, fixed.get("out")), len(d.steps) - 1
-    for c in analysis.candidates:
-        owned: dict[str, int] = {}
-        layouts = list(fixed.items())
-        state = scored.get(c.partition)
-        if state is not None:
-            # inputs where they start, the result where it ends, an intermediate's complete values where its
-            # group leaves them (a block of partial sums holds, after a reduce-scatter, 1/R of it complete)
-            layouts += list(state.entry) + [(item.output, item.grid.layout(item.output_subscripts, d.sizes))
-                                            for kind, item in state.items if kind == "compute" and item.output != "out"]
-        for name, layout in layouts:
-            block = -(-Layout(layout.shape, layout.grid, layout.axes).largest_block() // layout.n_summands)
-            owned[name] = max(owned.get(name, 0), block)
-        bounds = []   # (words, what binds) of each group; the last group's result may have to end whole
-        for g in c.groups:
-            b = parallel_bound(g.statement, d.sizes, nprocs, plan.memory // plan.dtype.itemsize, owned)
-            words, binding = (_whole(b.Q), b.binding) if feasible else (_whole(b.Q_indep), "memory-independent")
-            bounds.append((copies, RESULT_COPIES) if last in g.steps and copies > words else (words, binding))
-        per_partition[c.partition] = bounds
-        modeled = None if state is None else int(state.received.max(initial=0))
-        candidates.append((c.partition, max(w for w, _ in bounds), modeled))
-    in_order = sorted(chosen, key=max)            # the plan's groups run in this order
-    chosen_words = [per_partition[chosen][chosen.index(g)][0] for g in in_order]
-    words, partition = min((b, p) for p, b, _ in candidates)
-    binding = max(per_partition[partition], key=lambda wb: wb[0])[1] if words > 0 else "no positive bound"
-    return PlanBound(words, tuple(chosen_words), tuple(candidates), binding)
+    """The plan's bounds (:class:`PlanBound`) from the analysis' memory-independent group bounds, each at
+    least what the result's copies cost (``scored``: the planned state of each candidate partition
+    scored; ``chosen``: the plan's partition)."""
+    copies = _whole(analysis.result_copies)
+    group_words = {c.partition: [_whole(g.parallel.Q_indep) for g in c.groups] for c in analysis.candidates}
+    candidates = [(p, max(copies, *words), None if p not in scored else int(scored[p].received.max(initial=0)))
+                  for p, words in group_words.items()]
+    words = min(b for _, b, _ in candidates)
+    binding = (RESULT_COPIES if words == copies else "a group's footprint less the shares held") if words else (
+        "no positive bound")
+    last = len(plan.decomposition.steps) - 1
+    per_group = [max(copies, w) if last in g else w for g, w in zip(chosen, group_words[chosen])]
+    in_order = sorted(range(len(chosen)), key=lambda k: max(chosen[k]))     # the plan's groups run in this order
+    return PlanBound(words, tuple(per_group[k] for k in in_order), tuple(candidates), binding,
+                     _whole(analysis.atomic_words))
+
+
+def _owned_words(d: Decomposition, nprocs: int, layouts: Mapping[str, Layout]) -> dict[str, float]:
+    """Words of each tensor held in a fixed layout over all ranks, divided by P, where that is more than
+    one copy (partial sums counted as copies: never less than held).
+
+    >>> from deinsum.decompose import decompose
+    >>> d = decompose("ij,jk->ik", (4, 5), (5, 6))
+    >>> _owned_words(d, 4, {"in0": Layout.replicated((4, 5), 4), "in1": Layout.on_root((5, 6), 4)})
+    {'in0': 20.0}
+    """
+    owned = {}
+    for name, lay in layouts.items():
+        copies = Layout(lay.shape, lay.grid, lay.axes).n_replicas
+        if copies > 1:
+            owned[name] = math.prod(lay.shape) * copies / nprocs
+    return owned
 
 
 #: What binds where the copies of a replicated result give the largest bound (see ``_result_copies_words``).
@@ -751,5 +772,10 @@ def _result_copies_words(d: Decomposition, nprocs: int, finish: Layout | None) -
 
 
 def _whole(words: float) -> int:
-    """A bound on a count of words, rounded down to a whole word (rounding noise never lifts it)."""
-    return max(0, math.floor(words))
+    """A bound on a count of words as a whole count: received words are whole, so rounded up (the
+    bounds carry no solver noise upward: see ``deinsum.soap.parallel.NOISE``).
+
+    >>> _whole(399.2), _whole(-3.0)
+    (400, 0)
+    """
+    return max(0, math.ceil(words))

@@ -183,13 +183,12 @@ def measured_conditions(meta: list[dict], repeat: int) -> str:
             f"(MPICH busy-polls): wall-clock comparisons are meaningful at P <= {cores()} only.")
 
 
-def model_conditions(rows) -> str:
-    memory = next((r.memory_words for r in rows if r.memory_words), None)
+def model_conditions() -> str:
     return (f"Conditions (model, no ranks): float64 bytes; {START}; bytes/rank = the busiest rank's received "
             f"bytes in deinsum's plan. Best known = the construction of shared/notes/optimal-plans.md section 1. "
-            f"Bound (any fusion) = the plan's printed per-rank lower bound, which holds for every fusion candidate "
-            f"deinsum plans; bound (this fusion) = the chosen fusion's, each group one statement (memory per rank "
-            f"{memory} words for the memory-dependent part). Artifact = the "
+            f"Bound (any fusion) = the plan's class bound (opt_einsum's path fused as any candidate, even shares, "
+            f"any memory; shared/notes/citable-bounds.md); bound (this fusion) = the chosen fusion's, each group one "
+            f"statement. Artifact = the "
             f"original artifact's grids scored with scripts/model_volume.py's model (each group from and to even "
             f"layouts; TTMc step order assumed).")
 
@@ -248,8 +247,8 @@ def model_section(args) -> tuple[list, list[str]]:
                  limit_gib=physical_gib / 3, workers=min(2, cores()))
     write_model(rows, args.out)
     plot_volume_vs_bound(rows, args.out / "volume_vs_bound.png")
-    print(model_conditions(rows), model_table(rows), sep="\n", flush=True)
-    return rows, ["## (a) Model sweep at the paper's weak-scaling sizes", model_conditions(rows),
+    print(model_conditions(), model_table(rows), sep="\n", flush=True)
+    return rows, ["## (a) Model sweep at the paper's weak-scaling sizes", model_conditions(),
                   model_table(rows, markdown=True), "![volume vs bound](volume_vs_bound.png)"]
 
 

@@ -231,10 +231,10 @@ def test_parallel_bounds_match_closed_forms():
     assert abs(pb.Q_dep - max(0.0, 2 * n**3 / (Pv * math.sqrt(Sv)) - 2 * Sv)) < 1e-12 * 2**21
     deep = parallel_bound(MM, dict(i=n, j=n, k=n), Pv, 2**10)
     assert rel(deep.Q_dep, 2 * n**3 / (Pv * math.sqrt(2**10)) - 2 * 2**10) < 1e-9
-    assert rel(pb.Q_indep, pb.XP - 3 * n * n / Pv) < 1e-9   # inputs at the start, result at the end
+    assert rel(pb.Q_indep, pb.XP - 3 * n * n / Pv) < 1e-8   # inputs at the start, result at the end (less NOISE)
     assert pb.binding == "memory-independent" and pb.Q == pb.Q_indep
     assert all(rel(pb.tiles[v], 1024) < 1e-9 for v in "ijk")
-    assert "no replication" in pb.layout
+    assert "one copy" in pb.layout
     big = dict(i=10**4, j=10**4, k=10**4, a=10**7)
     pm = parallel_bound(MTTKRP, big, 4096, 10**6)
     assert pm.clamped == () and rel(pm.XP, 5 * 2 ** -0.4 * (10**19 / 4096) ** 0.6) < 1e-9
@@ -270,13 +270,16 @@ def test_partial_sums_flow_into_later_steps_of_a_group():
 def test_analysis_reports():
     a = analyze(decompose("ijk,ja,ka->ia", (64, 64, 64), (64, 24), (64, 24)), S=512, P=8)
     text = str(a)
-    assert "schedule: [t0+out]" in text and "memory-dependent" in text and "clamped" in text
-    assert a.groups[0].parallel.binding in text
+    assert "schedule: [t0+out]" in text and "clamped" in text
+    words, best = a.class_bound
+    assert f"class bound >= {words:.4g}" in text and f"atomic bound >= {a.atomic.Q_indep:.4g}" in text
+    assert "one-statement algorithms only" in text and "memory-dependent" not in text   # not a proven bound
     tex = a.latex()
     assert all(k in tex for k in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}", r"$Q \geq"))
     data = json.loads(json.dumps(a.to_dict(), allow_nan=False))
     assert data["chosen"] == [[0, 1]] and data["groups"][0]["symbolic"]["X0"] == "5*S/2"
-    assert data["groups"][0]["parallel"]["layout"].startswith("inputs evenly")
+    assert data["groups"][0]["parallel"]["layout"].startswith("one copy of every input")
+    assert data["per_rank"]["class_bound_words"] == words and data["per_rank"]["atomic_bound_words"] > 0
     sym = analyze(decompose("ijklm,ja,ka,la,ma->ia"), P=4)
     assert "[t0+t1+t2+out]" in str(sym) and "exact" in str(sym)      # one fused statement, closed form
     assert json.loads(json.dumps(sym.to_dict()))["groups"][0]["parallel"]["Q_dep"]

@@ -7,10 +7,13 @@ another step of its group: every einsum step is linear in each operand, so the
 partial sums flow through and are reduced once, at the group's end (deferred
 reduction). Every partition of the steps into groups is a candidate schedule.
 
-Sequentially a schedule costs the sum of its groups' bounds. On P ranks a rank
-pays at least the largest of its groups' per-rank bounds (intermediates free),
-so a schedule's parallel bound is that maximum and the bound that holds for
-every schedule of the decomposition is the minimum over candidates.
+Sequentially a schedule costs the sum of its groups' bounds. On P ranks the
+busiest rank receives at least the largest of its groups' per-rank bounds (each
+group's by averaging; the sum is not a bound), so a schedule's parallel bound is
+that maximum, and the *class bound* -- every algorithm that runs this contraction
+path fused as one of its candidates -- is the minimum over candidates. The
+*atomic* bound treats the whole einsum as one statement (the published bounds'
+model); it does not hold for multi-step algorithms.
 
 >>> from deinsum.decompose import decompose
 >>> a = analyze(decompose("ijk,ja,ka->ia"))
@@ -90,10 +93,11 @@ class Candidate:
 
     @property
     def parallel_Q(self) -> float | None:
-        """Per-rank bound of this schedule on P ranks: the largest of its groups' (None without P)."""
+        """Per-rank bound of this schedule on P ranks: the largest of its groups' memory-independent
+        bounds (None without P)."""
         if any(g.parallel is None for g in self.groups):
             return None
-        return max(g.parallel.Q for g in self.groups)
+        return max(g.parallel.Q_indep for g in self.groups)
 
     @property
     def Q(self):
@@ -119,6 +123,9 @@ class Analysis:
     sdg: tuple[tuple[str, str], ...]
     candidates: tuple[Candidate, ...]
     ranking: str
+    atomic: ParallelBound | None = None      # the whole einsum as one statement (with sizes and P)
+    owned: dict[str, float] | None = None    # average words per rank held at the start or end, if not |T|/P
+    result_copies: float = 0.0               # words some rank receives because the result ends with copies
 
     @property
     def chosen(self) -> tuple[tuple[int, ...], ...]:
@@ -133,8 +140,32 @@ class Analysis:
         return self.candidates[0].Q
 
     @property
+    def class_bound(self) -> tuple[float, Candidate] | None:
+        """``(words, candidate)``: the least over fusion candidates of the largest group bound per rank,
+        at least ``result_copies`` (None without sizes and P).
+
+        >>> from deinsum.decompose import decompose
+        >>> a = analyze(decompose("ij,jk,kl->il", (300, 20), (20, 200), (200, 30)), P=3)
+        >>> words, best = a.class_bound
+        >>> round(words), best.partition, round(a.atomic_words)    # the atomic bound is not below it
+        (400, ((0,), (1,)), 5523)
+        """
+        if self.candidates[0].parallel_Q is None:
+            return None
+        words, best = min(((c.parallel_Q, c) for c in self.candidates), key=lambda qc: qc[0])
+        return max(words, self.result_copies), best
+
+    @property
+    def atomic_words(self) -> float | None:
+        """The atomic bound per rank: the whole einsum as one statement (None without sizes and P)."""
+        return None if self.atomic is None else max(self.atomic.Q_indep, self.result_copies)
+
+    @property
     def layout(self) -> str:
-        return LAYOUT
+        if self.owned is None:
+            return LAYOUT
+        held = ", ".join(f"{name} {words:,.6g}" for name, words in self.owned.items())
+        return f"words held at the start or end, over all ranks / P: {held}; every other tensor one copy, |T|/P"
 
     def __str__(self) -> str:
         from .report import text
@@ -211,7 +242,8 @@ def partitions(steps: Sequence) -> list[tuple[tuple[int, ...], ...]]:
     return out
 
 
-def analyze(decomposition, S: float | None = None, P: int | None = None) -> Analysis:
+def analyze(decomposition, S: float | None = None, P: int | None = None,
+            owned: dict[str, float] | None = None, result_copies: float = 0.0) -> Analysis:
     """SOAP analysis of a decomposition (``deinsum.decompose``): every fusion candidate with its
     bound, the best one, per-group statements, closed forms, size-aware bounds and tiles.
 
@@ -240,16 +272,19 @@ def analyze(decomposition, S: float | None = None, P: int | None = None) -> Anal
             groups[g] = GroupBound(g, st, num, None, num.Q, S)
     cands = sorted((Candidate(p, tuple(groups[g] for g in p), sum(groups[g].cost for g in p))
                     for p in partitions(steps)), key=lambda c: (c.cost, len(c.partition), c.partition))
+    atomic = None
     if P is not None and sizes is not None:
-        bounded = {g: replace(b, parallel=parallel_bound(b.statement, sizes, P, S)) for g, b in groups.items()}
+        bounded = {g: replace(b, parallel=parallel_bound(b.statement, sizes, P, S, owned)) for g, b in groups.items()}
         cands = [replace(c, groups=tuple(bounded[g] for g in c.partition)) for c in cands]
+        atomic = bounded[tuple(range(len(steps)))].parallel     # the steps form one tree: a valid group
     if sizes is None:
         s_text = f"S = {S:g}" if S is not None else f"S = {REFERENCE_S}"
         ranking = f"symbolic sizes: ranked at N_v = {REFERENCE_N} for every index, {s_text}"
     else:
         ranking = f"ranked by the size-aware numeric bound at S = {S:g}"
     equation = getattr(decomposition, "equation", ",".join(steps[0].subscripts) + "->" + steps[-1].output)
-    return Analysis(equation, steps, sizes, S, P, sdg(steps), tuple(cands), ranking)
+    return Analysis(equation, steps, sizes, S, P, sdg(steps), tuple(cands), ranking, atomic, owned or None,
+                    float(result_copies))
 
 
 @lru_cache(maxsize=4096)

@@ -1,21 +1,20 @@
 """Parallel SOAP bounds for P ranks with S words of local memory each (soap.md section 5).
 
-* memory-dependent (segment argument): every rank moves at least
-  ``|V| / (P rho(S)) - (X0 - S)`` words (``rho``, ``X0`` of the interior SOAP solution);
-* memory-independent: a rank performing ``|V|/P`` iterations touches at least
-  ``X_P`` words, ``chi(X_P) = |V|/P``, and moves (receives or sends) at least
-  ``X_P - owned``, where ``owned`` is its share of the inputs at the start and
-  of the result at the end (layout below). soap.md subtracts the inputs only;
-  that overstates the bound by the output block a rank computes where it ends
-  (e.g. at P = 1 it would claim N^2 words for MM, where nothing moves).
+* memory-independent (the class bound's per-group term, citable-bounds.md section 2): if every
+  rank performs ``|V|/P`` iterations (rounded down), rank r touches at least ``X_P`` words,
+  ``chi(X_P) = |V|/P``; summed over ranks, what the ranks must receive is at least
+  ``P X_P - sum_T (words of T held at the start or end, over all ranks)``, so the busiest rank
+  receives at least ``X_P - owned`` with ``owned = sum_T own(T)`` and ``own(T)`` the average share
+  per rank: ``|T|/P`` for one copy (the default), ``|T|`` for a tensor on every rank.
+* memory-dependent (segment argument): ``|V| / (P rho(S)) - (X0 - S)``, a figure of words a rank
+  moves to or from its memory of S words (sent and received); deinsum prints no bound from it.
 
-The larger of the two binds. The tile at ``X_P`` is the per-rank block that
-process-grid selection aims for.
+The tile at ``X_P`` is the per-rank block that process-grid selection aims for.
 
 >>> from deinsum.soap import Statement
 >>> pb = parallel_bound(Statement.from_terms(["ik", "kj"], "ij"), dict(i=4096, j=4096, k=4096), 64, 2**20)
->>> pb.binding, round(pb.XP), round(pb.tiles["i"])
-('memory-independent', 3145728, 1024)
+>>> round(pb.Q_indep), round(pb.XP), round(pb.tiles["i"])    # 3 (n^3/P)^(2/3) - 3 n^2/P
+(2359296, 3145728, 1024)
 """
 from __future__ import annotations
 
@@ -27,8 +26,11 @@ from ..errors import DeinsumError
 from .numeric import clamped, numeric_bound, problem, split_tile, tile_for
 from .statement import Statement, check_sizes, is_trivial
 
+#: Relative error X_P may carry (geometric programs solved to ~1e-12): taken off before the shares are.
+NOISE = 1e-9
 #: The starting layout every parallel figure assumes.
-LAYOUT = "inputs evenly block-distributed over all P ranks at the start, the result at the end; no replication"
+LAYOUT = ("one copy of every input at the start and of the result at the end, an even share |T|/P per rank "
+          "(the layouts are the algorithm's choice)")
 
 
 @dataclass(frozen=True)
@@ -71,27 +73,34 @@ def check_ranks(P) -> int:
 
 def parallel_bound(statement: Statement, sizes: Mapping[str, int], P: int, S: float,
                    owned: Mapping[str, float] | None = None) -> ParallelBound:
-    """Memory-dependent and memory-independent per-rank bounds of one statement, and the per-rank tile.
+    """Memory-dependent and memory-independent per-rank figures of one statement, and the per-rank tile.
 
-    A rank performing ``|V|/P`` iterations touches at least ``X_P`` words of the
-    terms and receives at least ``X_P - owned``. Intermediates read from other
-    groups count as terms: deinsum computes every iteration once, so another
-    group leaves them spread over the ranks, not replicated. ``owned``: the most
-    words of each term (by tensor name) one rank holds at the start or keeps at
-    the end; default ``ceil(|T| / P)``, an even layout without replication.
+    A rank performing ``floor(|V|/P)`` iterations touches at least ``X_P`` words of
+    the terms; the busiest rank receives at least ``X_P - owned`` (module doc; ``X_P``
+    less its relative ``NOISE``).
+    Intermediates read from other groups count as terms, one copy of their complete
+    values spread over the ranks. ``owned``: by tensor name, the words of each term
+    all ranks hold at the start (inputs) or end (the result), divided by P; default
+    ``|T|/P`` (one copy).
+
+    >>> mm = Statement(("ik", "kj", "ij"), names=("A", "B", "C"))
+    >>> sizes = dict(i=8, j=8, k=8)
+    >>> [round(parallel_bound(mm, sizes, 8, 1e6, own).Q_indep, 6) for own in (None, {"A": 64})]
+    [24.0, 0.0]
     """
     P = check_ranks(P)
     sizes = check_sizes(statement, sizes)
     seq = numeric_bound(statement, sizes, S)
     names = statement.names or tuple(f"term{k}" for k in range(len(statement.terms)))
-    share = [min(float((owned or {}).get(n, math.ceil(statement.term_size(t, sizes) / P))),
-                 statement.term_size(t, sizes)) for n, t in zip(names, statement.terms)]
+    share = [min(float((owned or {}).get(n, statement.term_size(t, sizes) / P)), statement.term_size(t, sizes))
+             for n, t in zip(names, statement.terms)]
     own = float(sum(share))
-    if is_trivial(statement, sizes):
+    points = seq.V // P
+    if is_trivial(statement, sizes) or points == 0:   # no rank need compute anything: nothing to bound
         return ParallelBound(statement, sizes, P, seq.S, 0.0, 0.0, 0.0, own, dict(seq.tiles), ())
     pb = problem(statement, sizes)
-    XP, y = tile_for(pb, math.log(seq.V / P))
+    XP, y = tile_for(pb, math.log(points))
     Q_dep = max(0.0, seq.Q / P - (seq.X0 - seq.S)) if math.isfinite(seq.rho) else 0.0   # segment argument
     tiles = split_tile(statement.variables, pb, y, sizes)
-    return ParallelBound(statement, sizes, P, seq.S, Q_dep, max(XP - own, 0.0), XP, own, tiles,
+    return ParallelBound(statement, sizes, P, seq.S, Q_dep, max(XP * (1 - NOISE) - own, 0.0), XP, own, tiles,
                          clamped(tiles, sizes))

@@ -54,9 +54,7 @@ def text(a) -> str:
     sizes = "symbolic" if a.sizes is None else " ".join(f"{k}={v}" for k, v in a.sizes.items())
     S = "symbolic" if a.S is None else f"{a.S:g} words"
     out = [f"SOAP I/O lower bound of {a.equation}", f"  sizes: {sizes}   S: {S}" + (f"   P: {a.P}" if a.P else ""),
-           f"  schedule: {_partition_name(a, a.chosen)}   Q >= {_expr(a.Q) if a.sizes is None else _num(a.Q)}"
-           + ("" if a.candidates[0].parallel_Q is None else
-              f"   per rank on P = {a.P}: >= {_num(a.candidates[0].parallel_Q)} words"), ""]
+           f"  schedule: {_partition_name(a, a.chosen)}   Q >= {_expr(a.Q) if a.sizes is None else _num(a.Q)}", ""]
     headers = ["group", "statement", "sigma", "X0", "rho", "Q >= (closed form)", "tile at X0", "form"]
     if a.sizes is not None:
         headers += ["Q >= (numeric)", "numeric tile", "clamped"]
@@ -75,19 +73,15 @@ def text(a) -> str:
     rows = [[_partition_name(a, c.partition), _num(c.cost), _expr(c.Q) if a.sizes is None else _num(c.Q)]
             for c in a.candidates]
     out += _table(["partition", "score", "Q >="], rows, "    ")
-    if a.P is not None:
+    if a.P is not None and a.sizes is not None:
+        out += [""] + parallel_text(a)
+    elif a.P is not None:
         out += ["", f"  parallel bounds per rank, P = {a.P} ({a.layout}):"]
-        if a.sizes is not None:
-            rows = [[_group_name(a, g.steps), _num(g.parallel.Q_dep), _num(g.parallel.Q_indep), _num(g.parallel.XP),
-                     g.parallel.binding, _tiles(g.parallel.tiles, lambda t: f"{t:.4g}")] for g in a.groups]
-            out += _table(["group", "memory-dependent", "memory-independent", "X_P", "binds", "per-rank tile"],
-                          rows, "    ")
-        else:
-            rows = []
-            for g in a.groups:
-                e = parallel_expressions(g, a.P)
-                rows.append([_group_name(a, g.steps), _expr(e["Q_dep"]), _expr(e["Q_indep"]), _expr(e["XP"])])
-            out += _table(["group", "memory-dependent", "memory-independent", "X_P"], rows, "    ")
+        rows = []
+        for g in a.groups:
+            e = parallel_expressions(g, a.P)
+            rows.append([_group_name(a, g.steps), _expr(e["Q_dep"]), _expr(e["Q_indep"]), _expr(e["XP"])])
+        out += _table(["group", "memory-dependent", "memory-independent", "X_P"], rows, "    ")
     notes = [f"  {_group_name(a, g.steps)}: {g.symbolic.reason}" for g in a.groups if g.symbolic.reason]
     notes += [f"  {_group_name(a, g.steps)}: clamped {','.join(g.numeric.clamped)} (tile = whole dimension); the "
               f"closed form assumes no clamping, the numeric bound is the size-aware one"
@@ -95,6 +89,23 @@ def text(a) -> str:
     if notes:
         out += ["", "  notes:"] + notes
     return "\n".join(out)
+
+
+def parallel_text(a) -> list[str]:
+    """The per-rank bounds of an analysis with sizes and P: the class bound with the groups of the fusion
+    that attains it, and the atomic bound, each with its class (the assumptions: ``PlanBound``)."""
+    words, best = a.class_bound
+    rows = [[_group_name(a, g.steps), _num(g.parallel.Q_indep), _num(g.parallel.XP), _num(g.parallel.owned),
+             _tiles(g.parallel.tiles, lambda t: f"{t:.4g}")] for g in best.groups]
+    atomic, copies = a.atomic, (f"; at least the result's copies, {_num(a.result_copies)}" if a.result_copies else "")
+    rows.append(["(atomic)", _num(atomic.Q_indep), _num(atomic.XP), _num(atomic.owned),
+                 _tiles(atomic.tiles, lambda t: f"{t:.4g}")])
+    return ([f"  per-rank lower bounds on P = {a.P} (words received by the busiest rank, any memory; {a.layout}):",
+             f"    class bound >= {_num(words)}: opt_einsum's path, fused as any candidate (the least, over "
+             f"candidates, of the largest group bound; attained by {_partition_name(a, best.partition)}{copies})",
+             f"    atomic bound >= {_num(a.atomic_words)}: one-statement algorithms only (the whole einsum as one "
+             f"statement{copies})"]
+            + _table(["group", "bound", "X_P", "held", "per-rank tile"], rows, "    "))
 
 
 def _tex_text(s: str) -> str:
@@ -164,7 +175,14 @@ def as_dict(a) -> dict:
         q = c.Q
         return _json_num(q) if isinstance(q, float) else (None if q is None else str(q))
 
-    return {"equation": a.equation, "sizes": a.sizes, "S": a.S, "P": a.P, "layout": a.layout,
+    bounds = a.class_bound
+    per_rank = None if bounds is None else {
+        "metric": "words received by the busiest rank, any memory", "layout": a.layout,
+        "class_bound_words": bounds[0], "class_bound_partition": [list(g) for g in bounds[1].partition],
+        "class_bound_covers": "opt_einsum's path, fused as any candidate: the least over candidates of the largest "
+                              "group bound",
+        "atomic_bound_words": a.atomic_words, "result_copies_words": a.result_copies, "atomic_bound_covers": "one-statement algorithms only"}
+    return {"equation": a.equation, "sizes": a.sizes, "S": a.S, "P": a.P, "layout": a.layout, "per_rank": per_rank,
             "sdg": [list(e) for e in a.sdg], "ranking": a.ranking,
             "chosen": [list(g) for g in a.chosen], "Q": total(a.candidates[0]),
             "groups": [group(g) for g in a.groups],
