@@ -28,7 +28,7 @@ from .layout import Layout, pin_layout
 from .redistribute import received_words, sample_ranks
 from .footprint import ROUND_PIECES, SLACK, footprint
 from .schedule import Compute, Move
-from .soap import analyze, parallel_bound
+from .soap import analyze
 
 INPUT_MODES = {"global": "global arrays on every rank", "root": "global arrays on rank 0",
                "local": "each rank holds one block, no replication; the planner chooses the layout"}
