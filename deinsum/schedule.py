@@ -28,7 +28,7 @@ from .redistribute import Redistribution, plan_redistribution, received_words
 
 #: Every kind of exchange step, named after the collective it amounts to.
 KINDS = ("scatter", "broadcast", "gather", "allgather", "transpose", "reduce", "allreduce", "reduce_scatter",
-         "redistribute")
+         "redistribute", "slice")
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,8 @@ class Move:
         runs on the ``Cart_sub`` of the producing group's grid over ``src.partial``.
         """
         if self.redistribution.split is None:
+            if not self.words_received.any():   # no rank receives a word: each takes its part of what it holds
+                return (Exchange("slice", WORLD),)
             return (Exchange(classify(self.src, self.dst, self.nprocs), WORLD),)
         sums = WORLD
         if self.group is not None and _distinct(self.src):

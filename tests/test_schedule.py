@@ -48,3 +48,15 @@ def test_a_plans_schedule_is_typed_values_in_order():
         assert move.group is None if move.tensor.startswith("in") else move.group in computes
         for e in move.exchanges:
             assert e.comm == WORLD or math.prod(e.comm.grid) <= 6
+
+
+def test_a_move_that_moves_nothing_calls_no_collective():
+    """Whole inputs cut to a grid's blocks: every rank takes its part of what it holds, named ``slice`` in the
+    listing, and the runtime makes no MPI call for it."""
+    prog = deinsum.compile("ijk,ja,ka->ia", (96, 80, 64), (80, 12), (64, 12))
+    plan = prog.plan(nprocs=4)
+    nothing = [m for m in plan.moves if not m.words_received.any()]
+    assert nothing and all([e.kind for e in m.exchanges] == ["slice"] for m in nothing)
+    assert all(e.kind != "slice" for m in plan.moves if m.words_received.any() for e in m.exchanges)
+    from deinsum.emit import generate
+    assert "= rt.slice(in1, move=0, comm=rt.world)" in generate(plan)

@@ -204,6 +204,27 @@ class Transfer:
         self.datatypes = []
 
 
+def local_part(table, block, dtype):
+    """A step whose table sends and receives nothing (on every rank: a move the plan calls ``slice``): this
+    rank's output block copied from its input block, with no MPI call; None where it holds no output block.
+
+    >>> local_part((1, (4,), 1, (2,), (), (), ((0, 0, (1,), (2,), (0,)),)), np.arange(4.), np.float64).tolist()
+    [1.0, 2.0]
+    """
+    in_held, in_shape, out_held, out_shape, sends, recvs, ops = table
+    if sends or recvs:
+        raise ValueError("a move with messages is not a slice of what this rank holds")
+    if not out_held:
+        return None
+    out = np.empty(out_shape, dtype=dtype)
+    for _, add, from_starts, subsizes, to_starts in ops:
+        if add:
+            out[_slices(to_starts, subsizes)] += block[_slices(from_starts, subsizes)]
+        else:
+            out[_slices(to_starts, subsizes)] = block[_slices(from_starts, subsizes)]
+    return out
+
+
 def exchange(comm, table, local, dtype, log=None, label=""):
     """Run ``table`` (this rank's steps) once on ``comm``; return the new local block, or None if it holds none.
 
