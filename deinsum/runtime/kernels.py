@@ -165,11 +165,14 @@ _STREAM_THREADS = 1
 
 def set_stream_threads(threads):
     """Run the streaming kernels on ``threads`` threads (OpenMP), as many as the rank's BLAS: the runtime
-    sets it where it pins BLAS threads; 1 until then."""
+    sets it where it pins BLAS threads; 1 until then. Measured GEMM routes are resolved again for the new
+    thread count where next needed (forced or agreed ones stay)."""
     global _STREAM_THREADS
     _STREAM_THREADS = max(1, int(threads))
     if _STREAM is not None:
         _STREAM[3](_STREAM_THREADS)
+    if _ROUTES is not None and _ROUTES["why"] == "measured":
+        use_gemm_routes(None)
 
 
 #: The GEMM classes routed apart, with what they cover (``gemm_library`` names each one's library).
@@ -251,9 +254,10 @@ def gemm_routes():
 
 
 def agree_gemm_routes(comm):
-    """Collective: every rank of ``comm`` routes its GEMMs as rank 0 does (rank 0 resolves them for its
-    current threads: cached or measured), so ranks on different CPUs differ in speed, never in behaviour."""
-    use_gemm_routes(comm.bcast(_resolve() if comm.Get_rank() == 0 else None, root=0))
+    """Collective: every rank of ``comm`` routes its GEMMs as rank 0 does (``gemm_routes`` there: resolved
+    where not yet), so ranks on different CPUs differ in speed, never in behaviour."""
+    state = comm.bcast(gemm_routes() if comm.Get_rank() == 0 else None, root=0)
+    use_gemm_routes(dict(state, why="measured on rank 0" if state["why"] == "measured" else state["why"]))
 
 
 def _route(cls):
