@@ -29,7 +29,7 @@ from .version import __version__
 
 #: The package files (under deinsum/) an emitted script carries, byte for byte.
 RUNTIME = ("errors.py", "memory.py", "layout.py", "redistribute.py", "footprint.py", "runtime/__init__.py",
-           "runtime/exchange.py", "runtime/kernels.py", "runtime/checks.py", "runtime/gpu.py",
+           "runtime/exchange.py", "runtime/kernels.py", "runtime/gemm.py", "runtime/checks.py", "runtime/gpu.py",
            "runtime/runner.py", "runtime/driver.py")
 #: What the driver (and the test harness that runs a script's own code) takes from the runtime.
 ENTRY = ("exit_with", "script_main", "script_runtime", "validation_operands")
@@ -59,7 +59,7 @@ def runtime_part(device: str = "cpu") -> str:
     package = package_name(payload)
     width = 100
     chunks = "\n".join(f'    "{payload[k:k + width]}"' for k in range(0, len(payload), width))
-    lines = [RUNTIME_MARK, f"# deinsum {__version__}'s package files, byte for byte (zlib, base85) in RUNTIME:",
+    lines = [RUNTIME_MARK, f"# deinsum {__version__}'s package files, byte for byte (LZMA, base85) in RUNTIME:",
              *(f"#   {', '.join(RUNTIME[k:k + 6])}" for k in range(0, len(RUNTIME), 6)),
              f"# imported from there as the package {package} by the code of runtime/bundle.py, verbatim:",
              (_PACKAGE / "runtime" / "bundle.py").read_text().rstrip("\n"),

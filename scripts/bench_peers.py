@@ -13,7 +13,7 @@ before (steady state: here a kernel's first three calls after a 200 ms pause run
 with 1 BLAS/OpenMP thread per rank (environment set before import, enforced with
 threadpoolctl; TBLIS set to 1 thread). Every result is checked against numpy.
 GFLOP/s count opt_einsum's optimal-path FLOPs; at P = 1 a 1-thread 2048^3 dgemm through
-deinsum's own GEMM (MKL with the `fast` extra, else numpy's BLAS) is one more interleaved side
+deinsum's own GEMM (the library its routes measured fastest for square GEMMs) is one more interleaved side
 of every kernel (the share of dgemm compares medians of the same
 repetitions; the machine's load changes between kernels). The roofline of a kernel is
 min(dgemm, bandwidth x intensity): bandwidth from a 1-thread numpy copy of 256 MB (read + write
@@ -73,6 +73,7 @@ def worker(spec_path: str, out_path: str) -> int:
     from threadpoolctl import threadpool_info, threadpool_limits
 
     import deinsum
+    from deinsum.runtime.gemm import machine_key
     from deinsum.runtime.kernels import _matmul, _tblis, contract_group, gemm_library, group_strategy
 
     comm = MPI.COMM_WORLD
@@ -148,6 +149,7 @@ def worker(spec_path: str, out_path: str) -> int:
             "nprocs": comm.size, "mpi": MPI.Get_library_version().strip().splitlines()[0],
             "blas": blas, "ctf": None if ctf is None else ctf.__file__, "ctf_skipped": ctf_error,
             "deinsum": deinsum.__file__, "tblis": _tblis is not None, "gemm": gemm_library(),
+            "cpu": machine_key(1)["cpu"],
             "dgemm": {"before": gemm_before, "after": gemm_after, "numpy": numpy_gemm}, "bandwidth": stream,
             "packing": pack,
             "kernels": results}, indent=1))
@@ -253,6 +255,16 @@ def last_level_cache() -> int:
 def median(values):
     v = sorted(values)
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
+def cpu_text(cpu: dict) -> str:
+    """The CPU as /proc/cpuinfo names it (deinsum's GEMM routes are cached per this key).
+
+    >>> cpu_text({"vendor_id": "AuthenticAMD", "model name": "AMD EPYC", "cpu family": "25", "model": "17"})
+    'AuthenticAMD AMD EPYC (family 25, model 17)'
+    """
+    rest = ", ".join(f"{k.replace('cpu ', '')} {cpu[k]}" for k in ("cpu family", "model", "stepping") if k in cpu)
+    return " ".join(cpu.get(k, "") for k in ("vendor_id", "model name")).strip() + (f" ({rest})" if rest else "")
 
 
 def blas_coretype() -> str:
@@ -394,6 +406,7 @@ def main(argv=None) -> int:
     conditions = [
         f"- date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; deinsum {commit} ({first['deinsum']}); "
         f"host {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        f"- CPU: {cpu_text(first['cpu'])}",
         f"- one mpiexec launch per P ({', '.join(str(r['nprocs']) for r in runs)}), {first['mpi']}; "
         f"1 thread per rank (OMP/OPENBLAS_NUM_THREADS=1 before import, threadpoolctl limits=1, TBLIS 1 thread)",
         f"- BLAS in the processes: {'; '.join(first['blas'])} (OPENBLAS_CORETYPE={blas_coretype()} for every "
@@ -410,7 +423,7 @@ def main(argv=None) -> int:
         "- local kernel: contract_group of the whole statement on this rank's 1/P slab (first output index split "
         "evenly, other operands whole); its GFLOP/s count opt_einsum's optimal-path FLOPs",
         f"- deinsum's GEMMs: {first['gemm']}; dgemm "
-        "through them (2048^3: MKL where installed; 1 thread, same launch, before/after; numpy's own in brackets): "
+        "through them (2048^3 on the square-GEMM route; 1 thread, same launch, before/after; numpy's own in brackets): "
         + "; ".join(
             f"P={r['nprocs']}: {r['dgemm']['before']['gflops']:.1f}/{r['dgemm']['after']['gflops']:.1f} "
             f"({r['dgemm']['numpy']['gflops']:.1f}) GFLOP/s" for r in runs),

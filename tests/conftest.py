@@ -1,4 +1,29 @@
+import os
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+from deinsum.runtime import kernels as _kernels
+
+#: Tests route GEMMs as fixed here, never by a measurement's outcome: every library this install has
+#: (MKL for square and MTTKRP GEMMs, numpy's BLAS for TTM steps, the streaming kernels on their shapes).
+PINNED_ROUTES = {"why": "pinned by tests/conftest.py", "rates": None,
+                 "routes": {**_kernels.forced_routes("mkl"), "ttm": "numpy",
+                            "streamed": _kernels.forced_routes("stream")["streamed"]}}
+_kernels.use_gemm_routes(PINNED_ROUTES)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _gemm_routes_cache(tmp_path_factory):
+    """Processes the tests start (emitted scripts, mpiexec jobs) measure their GEMM routes into a cache of
+    this session's, never the user's."""
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if before is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = before

@@ -1,6 +1,7 @@
 """Local group kernels (deinsum/runtime/kernels.py): every strategy equals numpy.einsum, memory stays bounded."""
 import glob
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from deinsum.runtime import gemm as G
 from deinsum.runtime import kernels as K
 from deinsum.runtime.kernels import contract_group, group_strategy
 
@@ -222,7 +224,7 @@ def test_mkl_runs_the_gemms_it_can_read_in_place(monkeypatch):
              (x[:, ::-1], w, True, 0), (x.astype(complex), w, True, 0), (x, w, False, 0)]
     for a, b, mkl, expected in cases:
         before = len(calls)
-        np.testing.assert_allclose(K._matmul(a, b, mkl), a @ b, rtol=1e-5)
+        np.testing.assert_allclose(K._matmul(a, b, "mkl" if mkl else "numpy"), a @ b, rtol=1e-5)
         assert len(calls) - before == expected, (a.shape, a.strides, a.dtype, mkl)
     eq, sizes = MTTKRP["O5-M0"]
     subs, out = split(eq)
@@ -379,18 +381,88 @@ def test_the_l2_rule_counts_bytes_not_words():
             "MTTKRP to (l): GEMM over (k) KR^T X and Hadamard-sum over (i,j) in one streamed pass")
 
 
-def test_deinsum_gemm_numpy_keeps_mkl_out():
-    """DEINSUM_GEMM=numpy: every GEMM on numpy's BLAS, and the model's picks follow; any other value than
-    mkl or numpy fails at import with one line (numpy's path itself is tested above with mkl=False)."""
-    code = ("from deinsum.runtime import kernels as K; "
-            "print(K._GEMM == {}, '(MKL)' in K.group_strategy(('ijk', 'ja', 'ka'), 'ia', [(64,) * 3, (64, 8), (64, 8)]))")
+def test_deinsum_gemm_forces_the_routes():
+    """DEINSUM_GEMM=numpy keeps MKL out (not even loaded) and the model's picks follow; mkl and stream force
+    their routes (where installed), nothing measured; any other value fails at import with one line."""
+    code = ("from deinsum.runtime import kernels as K; r = K.gemm_routes(); "
+            "name = K.group_strategy(('ijk', 'ja', 'ka'), 'ia', [(64,) * 3, (64, 8), (64, 8)]); "
+            "print(K._GEMM == {}, '(MKL)' in name, r['why'], r['rates'], "
+            "r['routes'] == K.forced_routes(K.gemm_choice()))")
     run = lambda value: subprocess.run([sys.executable, "-c", code], env=dict(os.environ, DEINSUM_GEMM=value),
                                        capture_output=True, text=True, timeout=120)
-    assert run("numpy").stdout.split() == ["True", "False"]
+    assert run("numpy").stdout.split() == ["True", "False", "DEINSUM_GEMM=numpy", "None", "True"]
+    for value in ("mkl", "stream"):
+        assert run(value).stdout.split()[2:] == [f"DEINSUM_GEMM={value}", "None", "True"]
     bad = run("openblas")
     assert bad.returncode != 0
-    assert bad.stderr.strip().splitlines()[-1] == ("ValueError: DEINSUM_GEMM='openblas': expected mkl (where installed, "
-                                                   "the default) or numpy")
+    assert bad.stderr.strip().splitlines()[-1] == ("ValueError: DEINSUM_GEMM='openblas': expected one of auto, numpy, "
+                                                   "mkl, stream")
+
+
+@pytest.fixture
+def routes():
+    """Restores the routes tests/conftest.py pins after a test that sets its own."""
+    saved = K.gemm_routes()
+    yield K.use_gemm_routes
+    K.use_gemm_routes(saved)
+
+
+@pytest.mark.parametrize("library", ["numpy", "mkl", "stream"])
+def test_each_forced_route_runs_its_library_and_equals_numpy(library, routes, monkeypatch):
+    """Every class on ``library`` (as DEINSUM_GEMM forces it): a matrix product, MTTKRP and a TTM chain equal
+    numpy's einsum, and the library's own GEMMs ran (MKL or the streaming kernels: counted), the other's not."""
+    if library == "mkl" and not K._GEMM or library == "stream" and K._STREAM_BUILT is None:
+        pytest.skip(f"{library} not installed or built here, or DEINSUM_GEMM=numpy")
+    calls = []
+    if K._GEMM:
+        monkeypatch.setattr(K, "_GEMM", {d: (lambda g: lambda *a: calls.append("mkl") or g(*a))(g)
+                                         for d, g in K._GEMM.items()})
+    if K._STREAM_BUILT is not None:
+        monkeypatch.setattr(K, "_STREAM_BUILT", tuple((lambda f: lambda *a: calls.append("stream") or f(*a))(f)
+                                                      for f in K._STREAM_BUILT[:3]) + K._STREAM_BUILT[3:])
+    monkeypatch.setattr(K, "_STREAM_WORK", 0)      # (the streaming kernels take these small shapes too)
+    routes({"why": f"DEINSUM_GEMM={library}", "routes": K.forced_routes(library), "rates": None})
+    for eq, sizes in [("ij,jk->ik", dict(i=70, j=50, k=60)), MTTKRP["O3-M1"], MTTKRP["O5-M4"], TTMC]:
+        subs, out = split(eq)
+        ops = operands(eq, sizes, np.float64)
+        check(eq, ops, contract_group(subs, out, *ops))
+    assert set(calls) == ({library} if library != "numpy" else set())
+
+
+def test_a_cached_calibration_counts_only_on_its_own_machine(routes, monkeypatch, tmp_path):
+    """Measured once, then read from the cache; an entry from another CPU model, library version or thread
+    count is ignored (measured again), a damaged or unwritable cache never breaks routing. Rates are fixed here, not timed."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("DEINSUM_GEMM", "auto")
+    rates = {"square": {"numpy": [45, 50], "mkl": [18, 20]}, "narrow": {"numpy": [28, 30], "mkl": [38, 40]},
+             "ttm": {"numpy": [9, 10], "mkl": [4, 5]}}
+    measured = []
+    monkeypatch.setattr(G, "measured", lambda: measured.append(1) or rates)
+
+    def resolved():
+        routes(None)
+        return K.gemm_routes()
+
+    assert resolved()["routes"] == {"square": "numpy", "narrow": "mkl", "ttm": "numpy", "streamed": "mkl"}
+    assert resolved()["rates"] == rates and len(measured) == 1                     # from the cache
+    path = tmp_path / "deinsum" / "gemm-routes.json"
+    entries = json.loads(path.read_text())
+    other = {**rates, "square": {"numpy": [1, 1], "mkl": [99, 99]}}
+    for change in ({"cpu": {**entries[0]["machine"]["cpu"], "model name": "another CPU"}},
+                   {"libraries": {**entries[0]["machine"]["libraries"], "mkl": "another MKL"}},
+                   {"numpy": "0.0"}, {"threads": 64}):
+        path.write_text(json.dumps([{"machine": {**entries[0]["machine"], **change}, "rates": other}]))
+        before = len(measured)
+        assert resolved()["routes"]["square"] == "numpy" and len(measured) == before + 1, change
+    path.write_text(json.dumps([{"machine": entries[0]["machine"], "rates": other}]))   # this machine's: used
+    assert resolved()["routes"]["square"] == "mkl"
+    path.write_text("{not json")
+    assert resolved()["rates"] == rates
+    monkeypatch.setenv("XDG_CACHE_HOME", str(path))                   # a file where the folder would be
+    assert resolved()["rates"] == rates
+    monkeypatch.setattr(G, "measured", lambda: 1 / 0)        # a failed measurement: routed as without `fast`
+    assert resolved() == {"why": "not measured (ZeroDivisionError: division by zero): as without `fast`",
+                          "routes": K.forced_routes("stream"), "rates": None}
 
 
 # ---- shapes and memory orders ------------------------------------------------------------------------
@@ -543,3 +615,28 @@ def test_transposed_copies(dtype):
         t = K.transposed(a, perm)
         assert t.flags.c_contiguous
         np.testing.assert_array_equal(t, a.transpose(perm))
+
+
+def test_every_rank_routes_as_rank_0_does(tmp_path):
+    """Ranks whose caches disagree (rank 0 measured numpy's BLAS faster, rank 1 MKL) route alike once a
+    program runs on them: rank 0's routes, broadcast where the runtime is made."""
+    from mpirun import check_mpi
+    out = check_mpi(2, f"""
+        import json, os
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        os.environ.update(XDG_CACHE_HOME=os.path.join({str(tmp_path)!r}, str(comm.rank)), DEINSUM_GEMM="auto")
+        import numpy as np
+        import deinsum
+        from deinsum.runtime import kernels as K
+        from deinsum.runtime.gemm import machine_key, store_rates
+        fast = [{{"numpy": [50, 50], "mkl": [10, 10]}}, {{"numpy": [10, 10], "mkl": [50, 50]}}][comm.rank]
+        store_rates(machine_key(), {{"square": fast, "narrow": fast, "ttm": fast}})
+        mine = K.gemm_routes()["routes"]
+        a, b = np.ones((40, 30)), np.ones((30, 20))
+        assert np.allclose(deinsum.compile("ij,jk->ik", a.shape, b.shape)(a, b), a @ b)
+        rows = comm.gather([comm.rank, mine["square"], K.gemm_routes()["routes"]["square"]])
+        if comm.rank == 0:
+            print(json.dumps(rows))
+        """, tmp_path=tmp_path)
+    assert json.loads(out) == [[0, "numpy", "numpy"], [1, "mkl", "numpy"]]

@@ -137,7 +137,7 @@ def test_runtime_modules_are_standalone():
     """Emitted scripts carry them: numpy, mpi4py, the standard library and each other only."""
     allowed = {"numpy", "mpi4py", "threadpoolctl", "pytblis", "cupy", "cupyx", "ctypes", "glob", "argparse",
                "itertools", "math", "os", "re", "sys", "functools", "contextlib", "signal", "socket", "stat", "threading",
-               "base64", "json", "linecache", "zlib",
+               "base64", "json", "linecache", "lzma", "time",
                "hashlib", "importlib", "tempfile", "__future__", "dataclasses", "typing"}
     carried = {module_name(PACKAGE / path) for path in RUNTIME}
     for path in (*RUNTIME, "runtime/bundle.py"):

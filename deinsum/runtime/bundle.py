@@ -1,7 +1,7 @@
 """The runtime inside an emitted script: its modules as one payload, imported from the script itself.
 
 STANDALONE: standard library only. An emitted script carries this file's text verbatim, then the payload
-(the package files of ``deinsum.emit.RUNTIME``, byte for byte, zlib-compressed and base85-encoded) and a
+(the package files of ``deinsum.emit.RUNTIME``, byte for byte, LZMA-compressed and base85-encoded) and a
 call of :func:`install`; from there its ``import`` statements find the runtime as the package named by the
 payload's hash, so two scripts (or an installed deinsum) never mix. Tracebacks name each module's
 file in the package and its line.
@@ -17,18 +17,19 @@ import importlib.abc
 import importlib.util
 import json
 import linecache
+import lzma
 import sys
-import zlib
 
 
 def pack(files):
     """``{path under deinsum/: text}`` as a payload (text)."""
-    return base64.b85encode(zlib.compress(json.dumps(files, sort_keys=True).encode(), 9)).decode("ascii")
+    data = json.dumps(files, sort_keys=True).encode()
+    return base64.b85encode(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)).decode("ascii")
 
 
 def unpack(payload):
     """The ``{path: text}`` files of a payload."""
-    return json.loads(zlib.decompress(base64.b85decode(payload)))
+    return json.loads(lzma.decompress(base64.b85decode(payload)))
 
 
 class Bundle(importlib.abc.MetaPathFinder, importlib.abc.Loader):

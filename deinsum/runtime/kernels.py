@@ -30,14 +30,15 @@ strategy a cost model finds; ``group_strategy`` names it:
   which OpenBLAS runs without packing X (1.4x faster here);
 * ``pairwise``: numpy's einsum path, each step through ``contract_pair``.
 
-Every GEMM runs through ``_matmul``: a float64 GEMM with a narrow side whose wide
-operand can be read in place runs on deinsum's streaming kernels (``_streamed``: they
-hide the read of X behind the arithmetic, which BLAS's packing does not; the strategy
-name says "streamed", for C-ordered blocks). Others run on Intel MKL where installed
-(float32/64) or on numpy's BLAS: MTTKRP GEMMs on the library the cost model picks with
-its variant (constants per library: ``_MTTKRP_FIT``), TTM steps on numpy's BLAS (in
-pieces: faster than MKL here), other GEMMs on MKL. ``DEINSUM_GEMM=numpy`` in the
-environment keeps MKL and the streaming kernels out.
+Every GEMM runs through ``_matmul`` on the library its class is routed to (``gemm_routes``:
+measured once per machine and cached, see ``gemm.py``; forced by ``DEINSUM_GEMM``; agreed
+across ranks by ``agree_gemm_routes``): where the streaming kernels are routed, a float64
+GEMM with a narrow side whose wide operand can be read in place runs on them (``_streamed``:
+they hide the read of X behind the arithmetic, which BLAS's packing does not; the strategy
+name says "streamed", for C-ordered blocks). Others run on Intel MKL (float32/64, where
+installed) or numpy's BLAS as routed: square GEMMs, MTTKRP GEMMs (the cost model then picks
+the variant with that library's constants: ``_MTTKRP_FIT``) and TTM steps (on numpy's BLAS
+in pieces) each by their own route.
 
 Results may be transposed views: a consumer reads a block stored in any axis
 order without a copy (``contract_group`` relabels it). Peak memory stays within
@@ -73,19 +74,31 @@ except ImportError:  # pragma: no cover - depends on the environment
     _tblis = None
 
 
-def _mkl_gemms():
-    """``{dtype: cblas_?gemm_batch_strided_64}`` of Intel MKL (the ``mkl`` wheel, in the `fast` extra)
-    when installed and ``DEINSUM_GEMM`` is not ``numpy``; else ``{}``: numpy's BLAS runs every GEMM.
+#: ``DEINSUM_GEMM`` values: ``auto`` (the default) measures; the others force every class (``forced_routes``).
+GEMM_CHOICES = ("auto", "numpy", "mkl", "stream")
 
-    MKL streams the wide operand of a narrow GEMM while it computes, where OpenBLAS first packs it:
-    (13824 x 576) @ (576 x 24) runs in 5.3 ms instead of 8.1 here (one thread).
+
+def gemm_choice():
+    """``DEINSUM_GEMM`` (default ``auto``), checked.
+
+    >>> gemm_choice() in GEMM_CHOICES
+    True
     """
-    choice = os.environ.get("DEINSUM_GEMM", "mkl")
-    if choice not in ("mkl", "numpy"):
-        raise ValueError(f"DEINSUM_GEMM={choice!r}: expected mkl (where installed, the default) or numpy")
+    value = os.environ.get("DEINSUM_GEMM", "auto")
+    if value not in GEMM_CHOICES:
+        raise ValueError(f"DEINSUM_GEMM={value!r}: expected one of {', '.join(GEMM_CHOICES)}")
+    return value
+
+
+def _mkl_gemms():
+    """(``{dtype: cblas_?gemm_batch_strided_64}``, version) of Intel MKL (the ``mkl`` wheel, in the `fast`
+    extra) when installed and ``DEINSUM_GEMM`` is not ``numpy``; else ``({}, None)``. Which GEMMs run on
+    it is measured (``gemm_routes``): on an AMD EPYC here MKL takes a generic path, on Intel CPUs it
+    streams the wide operand of a narrow GEMM while it computes, where OpenBLAS first packs it.
+    """
     libs = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")), reverse=True)   # newest first
-    if choice == "numpy" or not libs:
-        return {}
+    if gemm_choice() == "numpy" or not libs:
+        return {}, None
     i, p, found = ctypes.c_int64, ctypes.c_void_p, {}
     try:   # an MKL older than 2023 (no 64-bit-integer API) or a broken library: numpy's BLAS instead
         lib = ctypes.CDLL(libs[0])
@@ -93,22 +106,25 @@ def _mkl_gemms():
             gemm = getattr(lib, f"cblas_{letter}gemm_batch_strided_64")
             gemm.argtypes = [ctypes.c_int] * 3 + [i] * 3 + [real, p, i, i, p, i, i, real, p, i, i, i]
             found[np.dtype(dtype)] = gemm
+        version = ctypes.create_string_buffer(256)
+        lib.MKL_Get_Version_String(version, 256)
     except (OSError, AttributeError):
-        return {}
-    return found
+        return {}, None
+    return found, version.value.decode(errors="replace").strip()
 
 
 #: MKL's GEMMs by dtype, loaded at import so that threadpoolctl sees (and limits) MKL's threads.
-_GEMM = _mkl_gemms()
+_GEMM, _MKL_VERSION = _mkl_gemms()
 
 
 def _stream_kernels():
     """deinsum's own streaming GEMMs (``_stream.c``, compiled at install where a C compiler is found)
-    as ``(rows, cols, ttm_chain, set_threads)`` ctypes functions, where built, the CPU has AVX-512 and
-    ``DEINSUM_GEMM`` is not ``numpy``; else None. Looked up through the installed package (an emitted
+    as ``(rows, cols, ttm_chain, set_threads, build)`` (ctypes functions; build: the file's name, size and
+    time), where built, the CPU has AVX-512 and ``DEINSUM_GEMM`` is not ``numpy``; else None. Looked up
+    through the installed package (an emitted
     script finds them too)."""
     import importlib.util
-    if os.environ.get("DEINSUM_GEMM", "mkl") == "numpy":
+    if gemm_choice() == "numpy":
         return None
     try:
         spec = importlib.util.find_spec("deinsum")
@@ -127,7 +143,9 @@ def _stream_kernels():
             lib.stream_set_threads.argtypes = [i]
         except (OSError, AttributeError):   # pragma: no cover - a broken build
             continue
-        return lib.stream_rows, lib.stream_cols, lib.ttm_chain, lib.stream_set_threads
+        stat = os.stat(path)
+        build = f"{os.path.basename(path)} {stat.st_size} {stat.st_mtime_ns} abi {_STREAM_ABI}"
+        return lib.stream_rows, lib.stream_cols, lib.ttm_chain, lib.stream_set_threads, build
     return None
 
 
@@ -135,8 +153,10 @@ def _stream_kernels():
 _STREAM_ABI = 4
 
 
-#: deinsum's streaming GEMMs (float64), or None: see ``_streamed``.
-_STREAM = _stream_kernels()
+#: deinsum's streaming GEMMs (float64) where built, or None; ``_STREAM``: the same where the routes
+#: run them (see ``_streamed``), else None.
+_STREAM_BUILT = _stream_kernels()
+_STREAM = None
 
 
 #: Threads the streaming kernels run on (``set_stream_threads``).
@@ -145,11 +165,103 @@ _STREAM_THREADS = 1
 
 def set_stream_threads(threads):
     """Run the streaming kernels on ``threads`` threads (OpenMP), as many as the rank's BLAS: the runtime
-    sets it where it pins BLAS threads; 1 until then."""
+    sets it where it pins BLAS threads; 1 until then. Measured GEMM routes are resolved again for the new
+    thread count where next needed (forced or agreed ones stay)."""
     global _STREAM_THREADS
     _STREAM_THREADS = max(1, int(threads))
     if _STREAM is not None:
         _STREAM[3](_STREAM_THREADS)
+    if _ROUTES is not None and _ROUTES["why"] == "measured":
+        use_gemm_routes(None)
+
+
+#: The GEMM classes routed apart, with what they cover (``gemm_library`` names each one's library).
+GEMM_CLASSES = {"square": "square GEMMs (matrix products, pairwise steps)",
+                "narrow": "MTTKRP GEMMs on BLAS (a wide X times <= 32 columns)",
+                "ttm": "TTM steps on BLAS (a short k, <= 16 columns)",
+                "streamed": "the streaming kernels' shapes (float64 MTTKRP and TTM passes)"}
+_NAMES = {"numpy": "numpy's BLAS", "mkl": "Intel MKL", "stream": "deinsum's streaming kernels"}
+#: This process's routes (``gemm_routes``), resolved the first time a GEMM needs one.
+_ROUTES = None
+
+
+def forced_routes(name):
+    """The routes ``DEINSUM_GEMM=name`` forces: ``numpy`` every GEMM on numpy's BLAS (MKL and the streaming
+    kernels out); ``mkl`` every GEMM on MKL (where installed); ``stream`` the streaming kernels on their
+    shapes (where built), numpy's BLAS elsewhere.
+
+    >>> forced_routes("numpy")
+    {'square': 'numpy', 'narrow': 'numpy', 'ttm': 'numpy', 'streamed': 'numpy'}
+    """
+    mkl = "mkl" if name == "mkl" and np.dtype(np.float64) in _GEMM else "numpy"
+    stream = "stream" if name == "stream" and _STREAM_BUILT is not None else mkl
+    return {"square": mkl, "narrow": mkl, "ttm": mkl, "streamed": stream}
+
+
+def _resolve():
+    """``{"why", "routes", "rates"}`` for this process: forced by ``DEINSUM_GEMM``, else measured by the
+    sibling module ``gemm`` (cached per machine; an emitted script carries it too). Where that fails: the
+    routes of an install without `fast` (numpy's BLAS, the streaming kernels on their shapes)."""
+    forced = gemm_choice()
+    if forced != "auto":
+        return {"why": f"DEINSUM_GEMM={forced}", "routes": forced_routes(forced), "rates": None}
+    import importlib
+    try:   # (never break a run over a measurement)
+        return importlib.import_module(".gemm", __package__).measured_routes()   # (it imports this module)
+    except Exception as exc:
+        return {"why": f"not measured ({type(exc).__name__}: {exc}): as without `fast`",
+                "routes": forced_routes("stream"), "rates": None}
+
+
+def gemm_trial(a, b, library):
+    """``a @ b`` on ``library`` alone (numpy, mkl or stream), whatever the routes: what ``gemm.py`` times.
+
+    >>> gemm_trial(np.ones((2, 3)), np.ones((3, 2)), "numpy").tolist()
+    [[3.0, 3.0], [3.0, 3.0]]
+    """
+    global _STREAM
+    routed, _STREAM = _STREAM, _STREAM_BUILT if library == "stream" else None
+    try:
+        return _matmul(a, b, library)
+    finally:
+        _STREAM = routed
+
+
+def use_gemm_routes(state):
+    """Route GEMMs as ``state`` says (``gemm_routes``'s form: another rank's, or forced by a test).
+
+    >>> saved = gemm_routes()
+    >>> use_gemm_routes({"why": "DEINSUM_GEMM=numpy", "routes": forced_routes("numpy"), "rates": None})
+    >>> gemm_routes()["routes"]["square"], gemm_routes()["routes"]["streamed"]
+    ('numpy', 'numpy')
+    >>> use_gemm_routes(saved)    # (None: resolved again where next needed)
+    """
+    global _ROUTES, _STREAM
+    _ROUTES = state
+    _STREAM = _STREAM_BUILT if state and state["routes"]["streamed"] == "stream" else None
+    if _STREAM is not None:
+        _STREAM[3](_STREAM_THREADS)
+    _strategy.cache_clear()
+
+
+def gemm_routes():
+    """This process's GEMM routes: ``{"why": "measured" or what forced them, "routes": {class: library},
+    "rates": {class: {library: GFLOP/s}} or None}``, resolved on first use (``_resolve``)."""
+    if _ROUTES is None:
+        use_gemm_routes(_resolve())
+    return _ROUTES
+
+
+def agree_gemm_routes(comm):
+    """Collective: every rank of ``comm`` routes its GEMMs as rank 0 does (``gemm_routes`` there: resolved
+    where not yet), so ranks on different CPUs differ in speed, never in behaviour."""
+    state = comm.bcast(gemm_routes() if comm.Get_rank() == 0 else None, root=0)
+    use_gemm_routes(dict(state, why="measured on rank 0" if state["why"] == "measured" else state["why"]))
+
+
+def _route(cls):
+    return gemm_routes()["routes"][cls]
+
 
 _ASCII = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -306,8 +418,9 @@ _SMALL_GEMM = 1_000_000
 _NARROW = 16
 
 
-def _matmul(a, b, mkl=True):
-    """``a @ b`` (numpy's broadcasting) on CPU blocks: with ``mkl``, MKL's strided-batch GEMM where
+def _matmul(a, b, library=None):
+    """``a @ b`` (numpy's broadcasting) on CPU blocks: on the streaming kernels where routed and they take
+    it; else on ``library`` (default: the route of square GEMMs): ``mkl``, MKL's strided-batch GEMM where
     installed and it reads the float operands in place; otherwise numpy, where a float GEMM with a
     narrow side (<= 16: a TTM) runs in pieces of at most 1e6 multiply-adds, cut along its wide side,
     so OpenBLAS streams the wide operand in place instead of packing it first ((8 x 24) @ (24 x 13824),
@@ -320,12 +433,13 @@ def _matmul(a, b, mkl=True):
     (m, k), n, dtype = a.shape[-2:], b.shape[-1], np.result_type(a.dtype, b.dtype)
     if array_module(a, b) is not np:
         return a @ b     # (a GPU's GEMM needs no pieces)
+    library = library or _route("square")
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     if _STREAM is not None and dtype == np.float64 and a.dtype == b.dtype == dtype:
         res = _streamed(a, b, batch)
         if res is not None:
             return res
-    if mkl and dtype in _GEMM:
+    if library == "mkl" and dtype in _GEMM:
         a = np.broadcast_to(a.astype(dtype, copy=False), batch + (m, k))
         b = np.broadcast_to(b.astype(dtype, copy=False), batch + (k, n))
         views = [_cblas_view(v) for v in (a, b)]
@@ -336,18 +450,19 @@ def _matmul(a, b, mkl=True):
                 _GEMM[dtype](101, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, sa, b.ctypes.data, ldb, sb,
                              0.0, res.ctypes.data, n, m * n, res.size // (m * n))
             return res
-    if m * k * n <= _SMALL_GEMM or min(m, n) > _NARROW or dtype.kind != "f":
-        return a @ b
-    res = np.empty(batch + (m, n), dtype)
-    wide = max(m, n)
-    pieces = -(-wide // max(1, _SMALL_GEMM // (k * min(m, n))))
-    step = -(-wide // pieces)                                       # even pieces
-    for lo in range(0, wide, step):
-        if m > n:
-            np.matmul(a[..., lo:lo + step, :], b, out=res[..., lo:lo + step, :])
-        else:
-            np.matmul(a, b[..., lo:lo + step], out=res[..., lo:lo + step])
-    return res
+    with np.errstate(all="ignore"):   # (no floating-point warnings on NaN or inf: as on MKL, whatever the route)
+        if m * k * n <= _SMALL_GEMM or min(m, n) > _NARROW or dtype.kind != "f":
+            return a @ b
+        res = np.empty(batch + (m, n), dtype)
+        wide = max(m, n)
+        pieces = -(-wide // max(1, _SMALL_GEMM // (k * min(m, n))))
+        step = -(-wide // pieces)                                       # even pieces
+        for lo in range(0, wide, step):
+            if m > n:
+                np.matmul(a[..., lo:lo + step, :], b, out=res[..., lo:lo + step, :])
+            else:
+                np.matmul(a, b[..., lo:lo + step], out=res[..., lo:lo + step])
+        return res
 
 
 #: Multiply-adds from which a GEMM runs on the streaming kernels, and their narrow side's limit.
@@ -465,10 +580,29 @@ def _gemm_seconds(m, k, n, calls=1, pieces=False, short=(4.0, 48.0, 24.0)):
 
 
 def gemm_library():
-    """The libraries that run this process's float GEMMs (see ``_matmul``; a kernel on MKL or on the
-    streaming kernels says so)."""
-    return ("deinsum's streaming kernels (float64), " if _STREAM else "") + \
-        ("Intel MKL and numpy's BLAS" if _GEMM else "numpy's BLAS")
+    """The library each GEMM class runs on in this process and why: the rates measured (GFLOP/s, float64,
+    cached per machine), or ``DEINSUM_GEMM`` forcing it; a kernel on MKL or on the streaming kernels also
+    says so in its strategy name.
+
+    >>> rates = {"square": {"numpy": [50, 52], "mkl": [48, 50]}, "ttm": {"numpy": [9, 10], "mkl": [19, 20]},
+    ...          "narrow": {"numpy": [38, 40], "mkl": [33, 35], "stream": [80, 90]}}
+    >>> saved = gemm_routes()
+    >>> use_gemm_routes({"why": "measured", "rates": rates,
+    ...                  "routes": {"square": "numpy", "narrow": "numpy", "ttm": "mkl", "streamed": "stream"}})
+    >>> print(gemm_library().split("; ")[2])
+    TTM steps on BLAS (a short k, <= 16 columns): Intel MKL (GFLOP/s measured, slowest-fastest round: numpy 9-10, mkl 19-20)
+    >>> use_gemm_routes(saved)
+    """
+    state = gemm_routes()
+
+    def why(cls):
+        if not state["rates"]:
+            return state["why"]
+        rates = state["rates"]["narrow" if cls == "streamed" else cls]
+        return "GFLOP/s measured, slowest-fastest round: " + ", ".join(
+            f"{lib} {slowest}-{fastest_round}" for lib, (slowest, fastest_round) in rates.items()
+            if cls != "narrow" or lib != "stream")
+    return "; ".join(f"{what}: {_NAMES[state['routes'][cls]]} ({why(cls)})" for cls, what in GEMM_CLASSES.items())
 
 
 def group_strategy(inputs, output, shapes, dtype=np.float64, device=False):
@@ -484,7 +618,7 @@ def group_strategy(inputs, output, shapes, dtype=np.float64, device=False):
     'narrow GEMMs in pieces of <= 1e6 multiply-adds (float)'
     """
     return _strategy(tuple(inputs), output, tuple(tuple(int(n) for n in s) for s in shapes),
-                     np.dtype(dtype) in _GEMM and not device, np.dtype(dtype).itemsize,
+                     _route("narrow") == "mkl" and np.dtype(dtype) in _GEMM and not device, np.dtype(dtype).itemsize,
                      np.dtype(dtype) == np.float64 and not device)[1]
 
 
@@ -513,7 +647,8 @@ def contract_group(inputs, output, *blocks):
         subs.append(s)
     # the streaming kernels' passes read C-ordered blocks (as a plan's are: group_strategy names those)
     stream = dtype == np.float64 and xp is np and all(b.flags.c_contiguous for b in blocks)
-    kind, _, params = _strategy(tuple(subs), output, tuple(b.shape for b in blocks), dtype in _GEMM and xp is np,
+    mkl = _route("narrow") == "mkl" and dtype in _GEMM and xp is np
+    kind, _, params = _strategy(tuple(subs), output, tuple(b.shape for b in blocks), mkl,
                                 dtype.itemsize, stream)
     return _RUN[kind](subs, output, blocks, dtype, params)
 
@@ -668,6 +803,7 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
         w = _khatri_rao([factors[q] for q in rest]).reshape([xb.shape[q] for q in rest] + [-1])
         return np.einsum(xb, list(range(n)), w, rest + [label[r]], out_axes)
     s, e, orient, block, mkl = gemm
+    library = "mkl" if mkl else "numpy"
     dims = xb.shape
     nr = next(f.shape[1] for f in factors.values())
     a, k, b = _prod(dims[:s]), _prod(dims[s:e]), _prod(dims[e:])
@@ -687,13 +823,13 @@ def _run_mttkrp(subs, out, blocks, dtype, params):
             res[..., cols] = _run_fused(fused, xb, s, e, rest, kr, h).reshape(res[..., cols].shape)
             continue
         if orient == "rows":
-            t = _matmul(xb.reshape(a, k) if e == n else xb.reshape(a, k, b).transpose(0, 2, 1), kr, mkl)
+            t = _matmul(xb.reshape(a, k) if e == n else xb.reshape(a, k, b).transpose(0, 2, 1), kr, library)
         elif s == 0:
-            t = _matmul(kr.T, xb.reshape(k, b), mkl)
+            t = _matmul(kr.T, xb.reshape(k, b), library)
         elif e == n:
-            t = _matmul(kr.T, xb.reshape(a, k).T, mkl).T
+            t = _matmul(kr.T, xb.reshape(a, k).T, library).T
         else:
-            t = _matmul(kr.T, xb.reshape(a, k, b), mkl)
+            t = _matmul(kr.T, xb.reshape(a, k, b), library)
         t = t.reshape([dims[q] if q < n else -1 for q in t_axes])
         if res is None:           # T is the result: a transposed view, no copy
             return t.transpose([t_axes.index(q) for q in out_axes])
@@ -826,8 +962,8 @@ def _ttm_strategy(subs, out, sizes, stream):
                      else _stream_kind(nb, gm, gk, gn, False, False) is not None)]
     if streamed:
         name += f"; streamed GEMMs: {', '.join(streamed)}"
-    if any(m * k * n > _SMALL_GEMM and min(m, n) <= _NARROW for (m, k, n, _), (mode, _, _) in zip(gemms, order)
-           if mode not in streamed):
+    if _route("ttm") == "numpy" and any(m * k * n > _SMALL_GEMM and min(m, n) <= _NARROW
+                                        for (m, k, n, _), (mode, _, _) in zip(gemms, order) if mode not in streamed):
         name += "; narrow GEMMs in pieces of <= 1e6 multiply-adds (float)"
     return "ttm", name, (x, tuple(order), tuple(kinds), rows)
 
@@ -914,23 +1050,24 @@ def _run_ttm(subs, out, blocks, dtype, params):
 
 
 def _ttm_chain(t, labels, subs, blocks, order, kinds):
+    library = _route("ttm")
     for (mode, new, n), kind in zip(order, kinds):
         u = blocks[n] if subs[n][0] == mode else blocks[n].T       # (n_mode, n_new)
         u = array_module(u).ascontiguousarray(u)
         q, dims = labels.index(mode), t.shape
         if kind == "last":
-            t = _matmul(t.reshape(-1, dims[q]), u, mkl=False).reshape(dims[:q] + (u.shape[1],))
+            t = _matmul(t.reshape(-1, dims[q]), u, library).reshape(dims[:q] + (u.shape[1],))
             labels[q] = new
         elif kind == "first":
-            t = _matmul(t.reshape(dims[0], -1).T, u, mkl=False).reshape(dims[1:] + (u.shape[1],))
+            t = _matmul(t.reshape(dims[0], -1).T, u, library).reshape(dims[1:] + (u.shape[1],))
             labels = labels[1:] + [new]
         elif kind == "middle":
-            t = _matmul(u.T, t.reshape(_prod(dims[:q]), dims[q], -1), mkl=False)
+            t = _matmul(u.T, t.reshape(_prod(dims[:q]), dims[q], -1), library)
             t = t.reshape(dims[:q] + (u.shape[1],) + dims[q + 1:])
             labels[q] = new
         else:  # moved last
             perm = [d for d in range(len(dims)) if d != q] + [q]
-            t = _matmul(transposed(t, perm).reshape(-1, dims[q]), u, mkl=False)
+            t = _matmul(transposed(t, perm).reshape(-1, dims[q]), u, library)
             t = t.reshape(tuple(dims[d] for d in perm[:-1]) + (u.shape[1],))
             labels = labels[:q] + labels[q + 1:] + [new]
     return t, labels

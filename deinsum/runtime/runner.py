@@ -26,7 +26,7 @@ from mpi4py import MPI
 from ..footprint import ROUND_PIECES
 from ..redistribute import table_words
 from .exchange import ByteLog, Transfer, element_type, local_part
-from .kernels import contract_group, set_stream_threads, unary
+from .kernels import agree_gemm_routes, contract_group, set_stream_threads, unary
 
 PHASES = ("distribute", "compute", "reduce", "redistribute", "gather", "host_to_device", "device_to_host")
 
@@ -98,6 +98,7 @@ class Runtime:
         self._carts, self._subs, self._transfers = {}, {}, {}
         self._element = None
         self.world = comm
+        agree_gemm_routes(comm)   # (collective: every rank routes its GEMMs as rank 0 does)
         self.reset()
 
     def reset(self):
