@@ -47,6 +47,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def _where(path: str) -> str:
+    """``path`` as a record names it: relative to this repository, else from its ``site-packages`` on (no
+    machine's folders in a committed record).
+
+    >>> _where(str(ROOT / "deinsum" / "__init__.py")), _where("/x/venv/lib/site-packages/ctf/__init__.py")
+    ('deinsum/__init__.py', 'site-packages/ctf/__init__.py')
+    """
+    resolved = Path(path).resolve()
+    if resolved.is_relative_to(ROOT):
+        return str(resolved.relative_to(ROOT))
+    parts = resolved.parts
+    return str(Path(*parts[parts.index("site-packages"):])) if "site-packages" in parts else resolved.name
+
 #: name -> (equation, sizes): the suite kernels of issue 14's table.
 KERNELS = {
     "1MM": ("ij,jk->ik", dict(i=2048, j=2048, k=2048)),
@@ -147,8 +161,8 @@ def worker(spec_path: str, out_path: str) -> int:
     if comm.rank == 0:
         Path(out_path).write_text(json.dumps({
             "nprocs": comm.size, "mpi": MPI.Get_library_version().strip().splitlines()[0],
-            "blas": blas, "ctf": None if ctf is None else ctf.__file__, "ctf_skipped": ctf_error,
-            "deinsum": deinsum.__file__, "tblis": _tblis is not None, "gemm": gemm_library(),
+            "blas": blas, "ctf": None if ctf is None else _where(ctf.__file__), "ctf_skipped": ctf_error,
+            "deinsum": _where(deinsum.__file__), "tblis": _tblis is not None, "gemm": gemm_library(),
             "cpu": machine_key(1)["cpu"],
             "dgemm": {"before": gemm_before, "after": gemm_after, "numpy": numpy_gemm}, "bandwidth": stream,
             "packing": pack,
