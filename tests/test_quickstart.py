@@ -20,3 +20,14 @@ def test_quickstart_runs_and_its_script_validates(tmp_path, monkeypatch):
     res = run_mpi_script(4, script, "--validate", "--repeat", "2", timeout=300)
     assert res.returncode == 0, res.stderr
     assert "validate: OK" in res.stdout and "measured bytes == model" in res.stdout
+
+
+def test_the_readme_stands_on_its_own():
+    """A user's clone has the repository only: the README names no file outside it (issue 30)."""
+    from pathlib import Path
+    import re
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "../" not in readme
+    for target in re.findall(r"\]\(([^)#]+)\)", readme):          # every relative link resolves
+        if "://" not in target:
+            assert (Path(__file__).resolve().parents[1] / target).exists(), target
