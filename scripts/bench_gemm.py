@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         kernels = {name: kernel_sides(name, args.repeat, args.scale) for name in args.kernels if name != "1MM"}
         blas = sorted(f"{i['internal_api']} {i.get('version')} {i.get('architecture') or ''} x{i['num_threads']}"
                       for i in threadpool_info())
-    key = machine_key()
+    key = machine_key(K.gemm_libraries())
     flops = 2 * 2048 ** 3
     rates = {side: flops / median(s) / 1e9 for side, s in gemm.items()}
     fastest = max((side for side in rates if side != "deinsum"), key=rates.get)

@@ -88,7 +88,7 @@ def worker(spec_path: str, out_path: str) -> int:
 
     import deinsum
     from deinsum.runtime.gemm import machine_key
-    from deinsum.runtime.kernels import _matmul, _tblis, contract_group, gemm_library, group_strategy
+    from deinsum.runtime.kernels import _matmul, _tblis, contract_group, gemm_libraries, gemm_library, group_strategy
 
     comm = MPI.COMM_WORLD
     try:
@@ -163,7 +163,7 @@ def worker(spec_path: str, out_path: str) -> int:
             "nprocs": comm.size, "mpi": MPI.Get_library_version().strip().splitlines()[0],
             "blas": blas, "ctf": None if ctf is None else _where(ctf.__file__), "ctf_skipped": ctf_error,
             "deinsum": _where(deinsum.__file__), "tblis": _tblis is not None, "gemm": gemm_library(),
-            "cpu": machine_key(1)["cpu"],
+            "cpu": machine_key(gemm_libraries(), 1)["cpu"],
             "dgemm": {"before": gemm_before, "after": gemm_after, "numpy": numpy_gemm}, "bandwidth": stream,
             "packing": pack,
             "kernels": results}, indent=1))

@@ -437,7 +437,7 @@ def test_a_cached_calibration_counts_only_on_its_own_machine(routes, monkeypatch
     rates = {"square": {"numpy": [45, 50], "mkl": [18, 20]}, "narrow": {"numpy": [28, 30], "mkl": [38, 40]},
              "ttm": {"numpy": [9, 10], "mkl": [4, 5]}}
     measured = []
-    monkeypatch.setattr(G, "measured", lambda: measured.append(1) or rates)
+    monkeypatch.setattr(G, "measured", lambda *libraries: measured.append(1) or rates)
 
     def resolved():
         routes(None)
@@ -460,7 +460,7 @@ def test_a_cached_calibration_counts_only_on_its_own_machine(routes, monkeypatch
     assert resolved()["rates"] == rates
     monkeypatch.setenv("XDG_CACHE_HOME", str(path))                   # a file where the folder would be
     assert resolved()["rates"] == rates
-    monkeypatch.setattr(G, "measured", lambda: 1 / 0)        # a failed measurement: routed as without `fast`
+    monkeypatch.setattr(G, "measured", lambda *libraries: 1 / 0)   # a failed measurement: routed as without `fast`
     assert resolved() == {"why": "not measured (ZeroDivisionError: division by zero): as without `fast`",
                           "routes": K.forced_routes("stream"), "rates": None}
 
@@ -631,7 +631,7 @@ def test_every_rank_routes_as_rank_0_does(tmp_path):
         from deinsum.runtime import kernels as K
         from deinsum.runtime.gemm import machine_key, store_rates
         fast = [{{"numpy": [50, 50], "mkl": [10, 10]}}, {{"numpy": [10, 10], "mkl": [50, 50]}}][comm.rank]
-        store_rates(machine_key(), {{"square": fast, "narrow": fast, "ttm": fast}})
+        store_rates(machine_key(K.gemm_libraries()), {{"square": fast, "narrow": fast, "ttm": fast}})
         mine = K.gemm_routes()["routes"]
         a, b = np.ones((40, 30)), np.ones((30, 20))
         assert np.allclose(deinsum.compile("ij,jk->ik", a.shape, b.shape)(a, b), a @ b)

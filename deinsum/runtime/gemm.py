@@ -1,13 +1,12 @@
 """Which library runs each class of GEMM, measured: once per machine, cached, never assumed.
 
-``kernels.py`` owns the libraries, their calls and the routes (forced by ``DEINSUM_GEMM`` or these);
-this module measures them where ``DEINSUM_GEMM`` is ``auto`` (the default): ``measure_rates`` times each
+``kernels.py`` owns the libraries, their calls and the routes (forced by ``DEINSUM_GEMM`` or these) and
+hands this module what it times; this module (which imports nothing of deinsum) measures them where ``DEINSUM_GEMM`` is ``auto`` (the default): ``measure_rates`` times each
 class's candidates on one representative shape (interleaved, a few rounds), ``fastest`` picks one, and
 ``cached_rates``/``store_rates`` keep the rates in ``$XDG_CACHE_HOME/deinsum`` (or ``~/.cache/deinsum``)
 under a key of the CPU, numpy and its BLAS, MKL's and the streaming kernels' builds and the thread count
 (``machine_key``): an entry made on another CPU or library is never used, an unreadable or unwritable
-cache only means measuring again. Not carried by emitted scripts (they stay within their size budget):
-they import it from the installed package where there is one (``kernels._resolve``).
+cache only means measuring again. Emitted scripts carry it too.
 
 >>> fastest({"numpy": [48.0, 50.0], "mkl": [49.0, 60.0]}, "numpy")   # rounds overlap: not clearly faster
 'numpy'
@@ -20,8 +19,6 @@ import tempfile
 import time
 
 import numpy as np
-
-from . import kernels
 
 #: How much faster than the baseline's fastest round another library's slowest round must be to take a class.
 _CLEARLY = 1.02
@@ -74,15 +71,14 @@ def measure_rates(trials, repeat=3):
     return rates
 
 
-def measured():
-    """The rates of this process's libraries on one float64 shape per class, ~0.2 s at one thread: 512^3;
-    (8192 x 512) @ (512 x 24), an MTTKRP GEMM which the streaming kernels also take (their rate counts for
-    "streamed", the BLAS ones for "narrow" too); (131072 x 24) @ (24 x 8), a TTM step."""
+def measured(gemm, blas, stream):
+    """The rates of the ``blas`` libraries (and ``stream``, the streaming kernels, where built) on one float64
+    shape per class, ``gemm(a, b, library)`` running each, ~0.2 s at one thread: 512^3; (8192 x 512) @
+    (512 x 24), an MTTKRP GEMM which the streaming kernels also take (their rate counts for "streamed", the
+    BLAS ones for "narrow" too); (131072 x 24) @ (24 x 8), a TTM step."""
     rng = np.random.default_rng(0).standard_normal
     square, x, w, t, u = rng((512, 512)), rng((8192, 512)), rng((512, 24)), rng((131072, 24)), rng((24, 8))
-    blas = ("numpy", "mkl") if np.dtype(np.float64) in kernels._GEMM else ("numpy",)
-    trial = lambda a, b, libs: {lib: (lambda lib=lib: kernels.gemm_trial(a, b, lib)) for lib in libs}
-    stream = ("stream",) if kernels._STREAM_BUILT is not None else ()
+    trial = lambda a, b, libs: {lib: (lambda lib=lib: gemm(a, b, lib)) for lib in libs}  # noqa: E731
     return measure_rates({"square": (2 * 512 ** 3, trial(square, square, blas)),
                           "narrow": (2 * x.size * 24, trial(x, w, blas + stream)), "ttm": (2 * t.size * 8, trial(t, u, blas))})
 
@@ -96,12 +92,12 @@ def blas_threads():
     return max((p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"), default=1)
 
 
-def machine_key(threads=None):
+def machine_key(libraries, threads=None):
     """The cache key: the CPU (/proc/cpuinfo's vendor, model name, family, model, stepping), numpy and its
-    BLAS, MKL's version and the streaming kernels' build, the BLAS ``threads`` (default: this process's)
-    and the environment that changes OpenBLAS's or MKL's kernels.
+    BLAS, the other ``libraries``' versions (MKL's, the streaming kernels' build), the BLAS ``threads``
+    (default: this process's) and the environment that changes OpenBLAS's or MKL's kernels.
 
-    >>> sorted(machine_key(1))
+    >>> sorted(machine_key({"mkl": None}, 1))
     ['blas', 'cpu', 'env', 'format', 'libraries', 'numpy', 'threads']
     """
     try:
@@ -113,18 +109,17 @@ def machine_key(threads=None):
            if k.strip() in ("vendor_id", "model name", "cpu family", "model", "stepping")}
     blas = getattr(np.__config__, "CONFIG", {}).get("Build Dependencies", {}).get("blas", {}).get("version")
     env = {k: v for k, v in os.environ.items() if k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "MKL_ENABLE_INSTRUCTIONS")}
-    libraries = {"mkl": kernels._MKL_VERSION, "stream": kernels._STREAM_BUILT and kernels._STREAM_BUILT[4]}
     return {"cpu": cpu, "numpy": np.__version__, "blas": blas, "libraries": libraries,
             "threads": blas_threads() if threads is None else threads, "env": env, "format": _FORMAT}
 
 
-def measured_routes():
+def measured_routes(gemm, blas, stream, libraries):
     """``{"why": "measured", "routes", "rates"}``: the rates cached for this machine key, else measured now
-    (and cached)."""
-    key = machine_key()
+    (and cached); the arguments are :func:`measured`'s and :func:`machine_key`'s."""
+    key = machine_key(libraries)
     rates = cached_rates(key)
     if rates is None:
-        rates = measured()
+        rates = measured(gemm, blas, stream)
         store_rates(key, rates)
     return {"why": "measured", "routes": routes_of(rates), "rates": rates}
 

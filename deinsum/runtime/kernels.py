@@ -205,12 +205,20 @@ def _resolve():
     forced = gemm_choice()
     if forced != "auto":
         return {"why": f"DEINSUM_GEMM={forced}", "routes": forced_routes(forced), "rates": None}
-    import importlib
+    from . import gemm
     try:   # (never break a run over a measurement)
-        return importlib.import_module(".gemm", __package__).measured_routes()   # (it imports this module)
+        return gemm.measured_routes(gemm_trial, ("numpy", "mkl") if np.dtype(np.float64) in _GEMM else ("numpy",),
+                                    ("stream",) if _STREAM_BUILT is not None else (),
+                                    gemm_libraries())
     except Exception as exc:
         return {"why": f"not measured ({type(exc).__name__}: {exc}): as without `fast`",
                 "routes": forced_routes("stream"), "rates": None}
+
+
+def gemm_libraries():
+    """The builds of the GEMM libraries besides numpy's (MKL's version, the streaming kernels'): part of the
+    key under which measured routes are cached."""
+    return {"mkl": _MKL_VERSION, "stream": _STREAM_BUILT and _STREAM_BUILT[4]}
 
 
 def gemm_trial(a, b, library):
