@@ -255,7 +255,8 @@ class Program:
         kernels = "".join(f"\n    group {k}: {name}" for k, name in enumerate(local_kernels(plan, 0, self.device)))
         ours, free = int(plan.received_bytes().max(initial=0)), int(spare.received_bytes().max(initial=0))
         cost = (f"  what the memory costs: {ours:,} bytes received by the busiest rank, {free:,} with memory to "
-                f"spare ({ours / free:.3f}x; peak {spare.peak_bytes:,} bytes per rank)\n" if ours != free else "")
+                f"spare ({f'{ours / free:.3f}x; ' if free else ''}peak {spare.peak_bytes:,} bytes per rank)\n"
+                if ours != free else "")
         return (f"{a}\n\n{plan}\n  peak memory per rank (upper bound): max {int(need.max()):,} bytes "
                 f"(rank {int(need.argmax())}), mean {float(need.mean()):,.0f}\n{cost}"
                 f"  local kernels on rank 0's blocks (a cost model's pick; GEMMs: {self._gemms()}):{kernels}")
