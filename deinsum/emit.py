@@ -129,9 +129,10 @@ def generate(plan, device: str = "cpu") -> str:
         "\n".join(f"{name} = {_literal(layout)}" for layout, name in names.items()),
         "# MOVES[k] = (timer, label, source layout, destination layout, split, rounds) of move k, from which every",
         "# rank builds its own exchange tables at start-up (split: None, or how a reduce-scatter first cuts each",
-        "# block; rounds: None, or (axis, T): T steps, each bringing one round's part of the block along axis)",
+        "# block; rounds: None, or (axis, T): T steps, each bringing one round's or part's share of the block",
+        "# along axis)",
         "MOVES = [" + "".join(f"\n    ({m.phase!r}, {m.label!r}, {names[m.src]}, {names[m.dst]}, "
-                              f"{m.redistribution.split!r}, {m.rounds!r})," for m in plan.moves) + "\n]",
+                              f"{m.redistribution.split!r}, {m.rounds or m.parts!r})," for m in plan.moves) + "\n]",
         "# peak bytes per rank (an upper bound), checked against --memory before any work: the held terms plus",
         "# the largest transient, each term (layout, words per element of its block, words where it holds one,",
         "# (axis, rounds) where one round's part of the block counts)",
@@ -229,5 +230,9 @@ def _move_lines(move, k) -> list[str]:
             comm = e.comm.name
             lines.append(f"    {comm} = rt.cart_sub(GRID{e.comm.group}, remain={e.comm.remain!r})")
         step = f", step={s}" if s else ""
-        lines.append(f"    {t} = rt.{e.kind}({t}, move={k}{step}, comm={comm})")
+        if move.parts:   # its steps are the parts of one reduction, placed into the destination block
+            axis, parts = move.parts
+            lines.append(f"    {t} = rt.in_parts({e.kind!r}, {t}, move={k}, axis={axis}, parts={parts}, comm={comm})")
+        else:
+            lines.append(f"    {t} = rt.{e.kind}({t}, move={k}{step}, comm={comm})")
     return lines

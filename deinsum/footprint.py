@@ -53,7 +53,9 @@ def footprint_terms(plan) -> tuple:
     transients = []
     for m in plan.moves:
         held.append((m.dst, 1, 0, m.rounds or ()))
-        if m.src.partial:   # staged partial sums (<= one dst block per summand) and the copy that frees them
+        if m.parts:         # one part's summands staged, the part and its copy (its source is C-ordered)
+            transients.append(((m.dst, m.src.n_summands + 1, 0, m.parts),))
+        elif m.src.partial:   # staged partial sums (<= one dst block per summand) and the copy that frees them
             transients.append(((m.dst, m.src.n_summands, 0, ()), (m.src, 2, 0, ())))
     for g in plan.groups:
         index, rounds = g.rounds or ("", 1)

@@ -25,7 +25,7 @@ from .decompose import Decomposition, Step
 from .errors import DeinsumError, as_ranks, check_choice
 from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
 from .layout import Layout, pin_layout
-from .redistribute import received_words, sample_ranks
+from .redistribute import received_words, reduce_split, sample_ranks
 from .footprint import ROUND_PIECES, SLACK, footprint
 from .schedule import Compute, Move
 from .soap import analyze
@@ -534,6 +534,7 @@ class _Planner:
         final = (self.finish or self.home(produced)) if last else None
         exit_move = last and not _holds_blocks(produced, final, self.nprocs, ranks)
         rounds, added, peak = self.rounds(group_steps, choice, moves, final if exit_move else None, held, ranks)
+        parts = (0, ROUND_PIECES) if rounds and exit_move and self.in_parts(produced, final) else None
         for name, sub, src, dst, phase in moves:
             cut = (sub.index(rounds[0]), rounds[1]) if rounds and rounds[0] in sub else None
             items.append(("move", Move(name, phase, src, dst, self.nprocs, made_by.get(name), cut)))
@@ -549,7 +550,7 @@ class _Planner:
                 received += self.words(produced, final, ranks)
                 phase = "gather" if self.finish is not None and self.finish.nranks < self.nprocs else (
                     "reduce" if produced.partial else "redistribute")
-                items.append(("move", Move("out", phase, produced, final, self.nprocs, number)))
+                items.append(("move", Move("out", phase, produced, final, self.nprocs, number, parts=parts)))
         elif produced.partial:
             pending += self.words(produced, self.home(Layout(produced.shape, produced.grid, produced.axes)), ranks)
         over = max(state.over, int(peak.max(initial=0)) - self.budget)
@@ -572,8 +573,11 @@ class _Planner:
                    for _, _, src, dst, _ in moves if src.partial]
         result = choice.layout(out, sizes, partial=False)
         produced = choice.layout(out, sizes, partial=True)
+        whole = parts = np.zeros(ranks.size, dtype=np.int64)   # the exit's staging: whole, or in parts
         if final is not None and produced.partial:
-            staging.append(words(final, ranks) * produced.n_summands + 2 * words(produced, ranks))
+            whole = words(final, ranks) * produced.n_summands + 2 * words(produced, ranks)
+            parts = (words(final, ranks, 0, ROUND_PIECES) * (produced.n_summands + 1)
+                     if self.in_parts(produced, final) else whole)
         exit_words = words(final, ranks) if final is not None else 0
 
         def peak(index: str, t: int) -> tuple[np.ndarray, np.ndarray]:
@@ -581,6 +585,7 @@ class _Planner:
             added = sum((cut(lay, sub) for lay, sub in held_terms), np.zeros(ranks.size, dtype=np.int64))
             piece = words(result, ranks, 0 if out else None, ROUND_PIECES) if t > 1 else 0   # contract_round
             top = [sum((cut(lay, sub) for lay, sub in group), piece) for group in copies] + staging
+            top.append(parts if t > 1 else whole)
             return added, held + added + exit_words + np.max(top, axis=0, initial=0)
 
         added, first = peak("", 1)
@@ -609,6 +614,11 @@ class _Planner:
             best = candidate if best[0] > 0 or low < best[1] else best
         _, t, index, added, top = best
         return ((index, t) if index else None), added, top
+
+    def in_parts(self, produced: Layout, final: Layout) -> bool:
+        """Whether the reduction of ``produced`` (a group's partial result) into ``final`` can run in parts: it
+        sums directly (no reduce-scatter first) and the result has an axis to cut."""
+        return bool(produced.partial and produced.shape) and reduce_split(produced, final, self.nprocs) is None
 
     def assemble(self, state: _State) -> _State:
         """The chosen plan again on every rank (exact model, exact no-move checks)."""

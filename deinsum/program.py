@@ -129,6 +129,10 @@ def run_schedule(rt: Runtime, plan: Plan, operands: Sequence) -> np.ndarray | No
             if item.rounds:                  # run round by round inside the group that reads it
                 in_rounds[item.tensor] = k, item
                 continue
+            if item.parts:
+                e = item.exchanges[0]
+                tensors[item.tensor] = rt.in_parts(e.kind, tensors[item.tensor], k, *item.parts, comm_of(e))
+                continue
             for step, e in enumerate(item.exchanges):
                 tensors[item.tensor] = rt.move(e.kind, tensors[item.tensor], k, step, comm_of(e))
             continue

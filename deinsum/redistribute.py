@@ -223,8 +223,8 @@ def rank_tables(src: Layout, dst: Layout, nprocs: int, rank: int, split: tuple[i
     """
     _check_pair(src, dst, nprocs)
     _check_rank(rank, nprocs)
-    if rounds is not None and (src.partial or split is not None):
-        raise DeinsumError(f"a move of partial sums ({src}) does not run in rounds")
+    if rounds is not None and split is not None:
+        raise DeinsumError(f"a move of partial sums through a reduce-scatter ({src}) does not run in rounds")
     return tuple(_rank_phase(a, b, rank) for a, b in _phases(src, dst, nprocs, split, rounds))
 
 
@@ -366,4 +366,7 @@ def plan_redistribution(src: Layout, dst: Layout, nprocs: int, rounds: tuple[int
     ((2, 0), (0, 2))
     """
     _check_pair(src, dst, nprocs)
-    return Redistribution(src, dst, nprocs, None if rounds else reduce_split(src, dst, nprocs), rounds)
+    split = reduce_split(src, dst, nprocs)
+    if rounds and split is not None:
+        raise DeinsumError(f"a move of partial sums through a reduce-scatter ({src}) does not run in rounds")
+    return Redistribution(src, dst, nprocs, split, rounds)

@@ -120,7 +120,10 @@ class Move:
     (running or emitting); the volume model answers reports for any number of
     ranks without them. With ``rounds`` ``(axis, T)`` the move runs inside the
     group that reads it, one exchange step per round, each bringing one round's
-    part of the destination block along ``axis`` (the same words in all).
+    part of the destination block along ``axis`` (the same words in all). With
+    ``parts`` ``(axis, T)`` (a direct reduction of a group run in rounds) it runs
+    where it stands, in T steps whose parts fill the destination block, so that
+    its staging holds one part's summands at a time.
     """
 
     tensor: str
@@ -130,10 +133,11 @@ class Move:
     nprocs: int
     group: int | None = None
     rounds: tuple[int, int] | None = None
+    parts: tuple[int, int] | None = None
 
     @cached_property
     def redistribution(self) -> Redistribution:
-        return plan_redistribution(self.src, self.dst, self.nprocs, self.rounds)
+        return plan_redistribution(self.src, self.dst, self.nprocs, self.rounds or self.parts)
 
     @cached_property
     def words_received(self) -> np.ndarray:
@@ -164,5 +168,6 @@ class Move:
 
     @property
     def label(self) -> str:
-        return f"{self.tensor}: {self.phase}" + (f" in {self.rounds[1]} rounds" if self.rounds else "")
+        return f"{self.tensor}: {self.phase}" + (f" in {self.rounds[1]} rounds" if self.rounds else "") + (
+            f" in {self.parts[1]} parts" if self.parts else "")
 

@@ -315,3 +315,22 @@ def test_emitted_script_defines_every_name_it_uses(tmp_path):
         text = generate(deinsum.compile(eq, *shapes).plan(nprocs=4, inputs="root", result="root"))
         out = io.StringIO()
         assert pyflakes.check(text, "script", Reporter(out, out)) == 0, out.getvalue()   # no warning at all
+
+
+def test_a_reduction_in_parts_runs_in_an_emitted_script(tmp_path):
+    """Matrix multiply in rounds whose partial result is reduced to rank 0 in parts: the listing says so and
+    the script validates, bytes == model."""
+    prog = deinsum.compile("ij,jk->ik", (64, 64), (64, 64), inputs="root", result="root")
+    free = prog.plan(nprocs=2)
+    share = SLACK + free.data_share * 8
+    for twelfths in range(1, 12):     # the first memory between the share and the free peak that takes parts
+        prog.memory = share + (free.peak_bytes - share) * twelfths // 12
+        plan = prog.plan(nprocs=2)
+        if plan.feasible and any(m.parts for m in plan.moves):
+            break
+    else:
+        pytest.fail("no memory between the data share and the free peak reduces in parts")
+    script = prog.to_script(tmp_path / "p.py", nprocs=2)
+    assert "rt.in_parts('reduce', out, move=" in script.read_text()
+    res = run_mpi_script(2, script, "--validate", timeout=60)
+    assert res.returncode == 0 and "validate: OK" in res.stdout and "measured bytes == model" in res.stdout, res.stderr

@@ -37,10 +37,35 @@ def test_rounds_move_exactly_what_the_whole_move_does(rounds):
         assert sum(t[3][1] for t in tables) == width and max(t[3][1] for t in tables) == -(-width // rounds)
 
 
-def test_rounds_refuse_partial_sums():
-    partial = Layout((8,), grid=(1, 4), axes=(0,), partial=(1,))
-    with pytest.raises(ValueError, match="partial sums .* does not run in rounds"):
-        rank_tables(partial, Layout((8,), grid=(1, 4), axes=(0,)), 4, 0, rounds=(0, 2))
+def test_a_direct_reduction_runs_in_parts_a_reduce_scatter_does_not():
+    """Partial sums summed directly: the parts move what the whole move does; through a reduce-scatter first
+    (two phases) no rounds are cut."""
+    partial = Layout((12, 6), grid=(2, 2), axes=(0, None), partial=(1,))
+    dst = Layout((12, 6), grid=(2, 2), axes=((0, 1), None))
+    whole = plan_redistribution(partial, dst, 4)
+    assert whole.split is None
+    parts = plan_redistribution(partial, dst, 4, rounds=(0, 3))
+    assert parts.words_received == whole.words_received and parts.words_sent == whole.words_sent
+    assert all(table_words(parts.table(r)) == table_words(whole.table(r)) for r in range(4))
+    with pytest.raises(ValueError, match="through a reduce-scatter .* does not run in rounds"):
+        rank_tables(partial, dst, 4, 0, split=(2, 1), rounds=(0, 2))
+
+
+#: Words the busiest rank receives in the best 2.5D construction that fits (its peak <= 0.9 M; the memory
+#: note's table), by (n, P) and memory in data shares.
+CONSTRUCTIONS_2_5D = {(16384, 64): {1.25: 58_720_256, 2: 46_137_344, 4: 37_748_736, 8: 37_748_736},
+                      (32768, 512): {1.25: 96_468_992, 2: 65_011_712, 4: 52_428_800, 8: 44_040_192},
+                      (65536, 4096): {1.25: 132_120_576, 2: 99_614_720, 4: 68_157_440, 8: 47_185_920}}
+
+
+@pytest.mark.parametrize("n, nprocs", [(16384, 64), (32768, 512), pytest.param(65536, 4096, marks=pytest.mark.slow)])
+def test_matrix_multiply_fits_and_matches_the_best_2_5d_construction(n, nprocs):
+    """Issue 24: at 1.25, 2, 4 and 8 times the data share the plan fits and receives at most 1.10x the best
+    2.5D construction that fits (rounds over the summed index; the final reduction in parts)."""
+    for factor, words in CONSTRUCTIONS_2_5D[n, nprocs].items():
+        plan = mm_plan(n, nprocs, factor)
+        assert plan.feasible, (factor, plan.peak_bytes, plan.memory)
+        assert int(plan.received_bytes().max()) // 8 <= 1.10 * words, (factor, plan.groups[0].grid.dims)
 
 
 @pytest.mark.parametrize("n, nprocs", [(16384, 64), (32768, 512)])

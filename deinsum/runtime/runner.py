@@ -26,7 +26,7 @@ from mpi4py import MPI
 from ..footprint import ROUND_PIECES
 from ..redistribute import table_words
 from .exchange import ByteLog, Transfer, element_type, local_part
-from .kernels import agree_gemm_routes, contract_group, set_stream_threads, unary
+from .kernels import agree_gemm_routes, array_module, contract_group, set_stream_threads, unary
 
 PHASES = ("distribute", "compute", "reduce", "redistribute", "gather", "host_to_device", "device_to_host")
 
@@ -192,28 +192,45 @@ class Runtime:
 
     def contract_round(self, grid, total, inputs, output, *blocks):
         """One round of a group run in rounds: its statement on this round's blocks, added into ``total`` (the
-        rounds so far; None before the first, whose result becomes it); None off the group's ``grid``. After
-        the first, the round's result is made in ``ROUND_PIECES`` balanced pieces along the result's first
-        axis, each added where it belongs, so that a piece, not a second result, is held on top."""
+        rounds so far, a C-ordered block made at the first round; None before it); None off the group's
+        ``grid``. The round's result is made in ``ROUND_PIECES`` balanced pieces along the result's first axis,
+        each added where it belongs, so that a piece, not a second result, is held on top."""
         if not self.member(grid):
             return None
-        if total is None or not output:
+        if not output:   # a scalar result: one product per round
             part = self.contract_group(inputs, output, *blocks)
-            if total is None:
-                return part
-            with self.clock("compute"):
-                total += part
-            return total
-        first, pieces = output[0], min(ROUND_PIECES, total.shape[0])
+            return part if total is None else total + part
+        first = output[0]
+        n = next(b.shape[sub.index(first)] for b, sub in zip(blocks, inputs) if first in sub)
+        pieces = max(1, min(ROUND_PIECES, n))
+        q, r = divmod(n, pieces)
         for p in range(pieces):
-            q, r = divmod(total.shape[0], pieces)
             lo, hi = p * q + min(p, r), (p + 1) * q + min(p + 1, r)
             part = self.contract_group(inputs, output, *(
                 b[tuple(slice(lo, hi) if c == first else slice(None) for c in sub)] for b, sub in zip(blocks, inputs)))
             with self.clock("compute"):
+                if total is None:
+                    total = array_module(part).zeros((n,) + part.shape[1:], dtype=part.dtype)
                 total[lo:hi] += part
             del part
         return total
+
+    def in_parts(self, kind, x, move, axis, parts, comm=None):
+        """Move ``move`` in its ``parts`` steps (a direct reduction after a group in rounds), each bringing one
+        part of this rank's destination block along ``axis``, placed into it as it comes (None where this rank
+        holds no destination block)."""
+        tables, out, start = self.moves[move][2], None, 0
+        for step in range(parts):
+            part = self.move(kind, x, move, step, comm)
+            if part is None:
+                continue
+            if out is None:
+                shape = list(part.shape)
+                shape[axis] = sum(table[3][axis] for table in tables)
+                out = np.empty(shape, dtype=part.dtype)
+            out[(slice(None),) * axis + (slice(start, start + part.shape[axis]),)] = part
+            start += part.shape[axis]
+        return out
 
     @staticmethod
     def slab(x, axis, rounds, t):
