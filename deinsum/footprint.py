@@ -12,7 +12,7 @@ or emitted) holds at once on a rank, in bytes:
   partial result on top;
 * the largest transient on top: a step's operand copies (transposes for BLAS),
   or a reduction's staging buffers (partial sums received before they are added)
-  and the copy that releases them;
+  and the copy that releases them (a reduction in parts: one part's);
 * ``SLACK`` bytes for numpy's iterator buffers (a broadcast multiply buffers 2 x 8192
   elements) and the Python objects of a call.
 
