@@ -193,7 +193,7 @@ class Plan:
 
     def _move_kind(self, m: Move) -> str:
         kind = f"{m.phase} (convert pinned layout)" if m.tensor in self.pinned else m.phase
-        return kind + (f" in {m.rounds[1]} rounds" if m.rounds else "")
+        return kind + (f" in {m.rounds[1]} rounds" if m.rounds else "") + (f" in {m.parts[1]} parts" if m.parts else "")
 
     def __str__(self) -> str:
         d, size = self.decomposition, self.dtype.itemsize
