@@ -17,6 +17,7 @@ Layout(shape=(10, 10), grid=(2, 2, 2, 1), axes=(0, None), partial=(1, 2))
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -86,11 +87,15 @@ class GridChoice:
         missing = [c for c in subscripts if c not in sizes]
         if missing:
             raise DeinsumError(f"tensor '{subscripts}': no size given for index '{missing[0]}'")
-        if partial is None:
-            partial = subscripts == self.output
+        shape = tuple(sizes[c] for c in subscripts)
+        return self._layout(subscripts, shape, subscripts == self.output if partial is None else bool(partial))
+
+    @lru_cache(maxsize=4096)
+    def _layout(self, subscripts: str, shape: tuple[int, ...], partial: bool) -> Layout:
+        """:meth:`layout` of a checked tensor of ``shape`` (cached: the planner asks for the same blocks again)."""
         summed = tuple(g for g in self.reduction_dims if self.dims[g] > 1) if partial else ()
         axes = tuple(self.indices.index(c) if self.dims[self.indices.index(c)] > 1 else None for c in subscripts)
-        return Layout(tuple(sizes[c] for c in subscripts), self.dims, axes, summed)
+        return Layout(shape, self.dims, axes, summed)
 
     def __str__(self) -> str:
         grid = ", ".join(f"{c}={p}" for c, p in zip(self.indices, self.dims))
