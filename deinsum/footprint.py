@@ -53,24 +53,40 @@ def footprint_terms(plan) -> tuple:
     transients = []
     for m in plan.moves:
         held.append((m.dst, 1, 0, m.rounds or ()))
-        if m.parts:         # one part's summands staged, the part and its copy (its source is C-ordered)
-            transients.append(((m.dst, m.src.n_summands + 1, 0, m.parts),))
-        elif m.src.partial:   # staged partial sums (<= one dst block per summand) and the copy that frees them
-            transients.append(((m.dst, m.src.n_summands, 0, ()), (m.src, 2, 0, ())))
+        if m.src.partial:
+            transients.append(reduction_staging(m.src, m.dst, m.parts))
     for g in plan.groups:
-        index, rounds = g.rounds or ("", 1)
-        cut = lambda sub: (sub.index(index), rounds) if index and index in sub else ()  # noqa: E731
-        result = (g.grid.layout(g.output_subscripts, sizes, partial=False), 1, 0,
-                  (0, ROUND_PIECES) if g.output_subscripts else ()) if g.rounds else None
-        for s in g.steps:
-            held.append((g.grid.layout(s.output, sizes, partial=False), 1, 0, cut(s.output)))
-            copies = tuple((g.grid.layout(sub, sizes, partial=False), 1, 0, cut(sub)) for sub in s.subscripts)
-            transients.append(copies + ((result,) if result else ()))
+        group_held, group_transients = group_terms(g.grid, g.steps, g.output_subscripts, sizes, g.rounds)
+        held += group_held
+        transients += group_transients
     return tuple(held), tuple(transients)
 
 
-def term_words(group: tuple, ranks: np.ndarray) -> np.ndarray:
-    """Words of one tuple of :func:`footprint_terms` terms at ``ranks``; vectorised.
+def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None) -> tuple:
+    """``(held, transients)`` of one fused group on ``grid`` (a :class:`deinsum.grids.GridChoice`), in
+    ``rounds`` ``(index, T)`` or None: its steps' output blocks held, each step's operand copies on top, one
+    round's part of those that hold the index, and in rounds a piece of the round's partial result (see
+    ``Runtime.contract_round``). The planner counts a candidate group with the same terms."""
+    index, count = rounds or ("", 1)
+    cut = lambda sub: (sub.index(index), count) if index and index in sub else ()  # noqa: E731
+    block = lambda sub: grid.layout(sub, sizes, partial=False)  # noqa: E731
+    piece = ((block(output_subscripts), 1, 0, (0, ROUND_PIECES) if output_subscripts else ()),) if rounds else ()
+    held = tuple((block(s.output), 1, 0, cut(s.output)) for s in steps)
+    return held, tuple(tuple((block(sub), 1, 0, cut(sub)) for sub in s.subscripts) + piece for s in steps)
+
+
+def reduction_staging(src, dst, parts: tuple | None = None) -> tuple:
+    """The transient terms of moving partial sums ``src`` into ``dst``: in one step, the staged summands
+    (at most one destination block each) and the copy that frees them; in ``parts`` ``(axis, T)``, one
+    part's summands, the part and its copy (its source is C-ordered: ``Runtime.in_parts``)."""
+    if parts:
+        return ((dst, src.n_summands + 1, 0, parts),)
+    return ((dst, src.n_summands, 0, ()), (src, 2, 0, ()))
+
+
+def term_words(group: tuple, ranks: np.ndarray, extents=None) -> np.ndarray:
+    """Words of one tuple of :func:`footprint_terms` terms at ``ranks``; vectorised. ``extents(layout)``, if
+    given, returns the (ranks x axes) extents of the layout's blocks at ``ranks`` (the planner's are cached).
 
     >>> from deinsum.layout import Layout
     >>> even = Layout.even((10, 8), 2)                        # blocks of 5 x 8
@@ -79,9 +95,13 @@ def term_words(group: tuple, ranks: np.ndarray) -> np.ndarray:
     """
     total = np.zeros(ranks.size, dtype=np.int64)
     for layout, per_word, per_holder, cut in group:
-        lo, hi = layout.boxes_of(ranks)
-        extent = hi - lo
+        if extents is None:
+            lo, hi = layout.boxes_of(ranks)
+            extent = hi - lo
+        else:
+            extent = extents(layout)
         if cut:
+            extent = extent.copy()
             extent[:, cut[0]] = -(-extent[:, cut[0]] // cut[1])
         total += per_word * np.prod(extent, axis=1, dtype=np.int64) + per_holder * (ranks < layout.nranks)
     return total

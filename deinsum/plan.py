@@ -26,7 +26,7 @@ from .errors import DeinsumError, as_ranks, check_choice
 from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
 from .layout import Layout, pin_layout
 from .redistribute import received_words, reduce_split, sample_ranks
-from .footprint import ROUND_PIECES, SLACK, footprint
+from .footprint import ROUND_PIECES, SLACK, footprint, group_terms, reduction_staging, term_words
 from .schedule import Compute, Move
 from .soap import analyze
 
@@ -433,18 +433,16 @@ class _Planner:
             self._words[key] = received_words(src, dst, self.nprocs, ranks)
         return self._words[key]
 
-    def block_words(self, layout: Layout, ranks: np.ndarray, axis: int | None = None, rounds: int = 1) -> np.ndarray:
-        """Words of ``layout``'s block at ``ranks`` (of one round's part of it along ``axis``), as footprint.py
-        counts them."""
-        key = (layout, ranks.size)
-        if key not in self._extents:
-            lo, hi = layout.boxes_of(ranks)
-            self._extents[key] = hi - lo
-        extent = self._extents[key]
-        if axis is not None and rounds > 1:
-            extent = extent.copy()
-            extent[:, axis] = -(-extent[:, axis] // rounds)
-        return np.prod(extent, axis=1, dtype=np.int64)
+    def held_words(self, terms: tuple, ranks: np.ndarray) -> np.ndarray:
+        """Words of footprint terms at ``ranks`` (:func:`deinsum.footprint.term_words`, block extents cached)."""
+        def extents(layout: Layout) -> np.ndarray:
+            key = (layout, ranks.size)
+            if key not in self._extents:
+                lo, hi = layout.boxes_of(ranks)
+                self._extents[key] = hi - lo
+            return self._extents[key]
+
+        return term_words(terms, ranks, extents)
 
     def home(self, layout: Layout) -> Layout:
         """Where a tensor computed or read on a grid lives when nobody needs it replicated."""
@@ -458,7 +456,7 @@ class _Planner:
         moves = tuple(Move(n, "distribute", layouts[n], pinned, self.nprocs) for n, pinned in self.first.items()
                       if not _holds_blocks(layouts[n], pinned, self.nprocs, ranks))
         received = sum((self.words(m.src, m.dst, ranks) for m in moves), zero)
-        held = sum((self.block_words(x, ranks) for x in [*layouts.values(), *(m.dst for m in moves)]), zero)
+        held = self.held_words(tuple((x, 1, 0, ()) for x in [*layouts.values(), *(m.dst for m in moves)]), ranks)
         return _State(received, zero, tuple((layouts | self.first).items()), (), tuple(("move", m) for m in moves),
                       held, max(0, int(held.max(initial=0)) - self.budget))
 
@@ -522,7 +520,7 @@ class _Planner:
             src = layouts.get(name)
             if src is None:                       # the planner chooses where this input starts: at home here
                 src = entry[name] = self.home(dst)
-                held += self.block_words(src, ranks)
+                held += self.held_words(((src, 1, 0, ()),), ranks)
             elif src.partial:                     # the estimate owed for it is now paid for real
                 pending -= self.words(src, self.home(Layout(src.shape, src.grid, src.axes)), ranks)
             if not _holds_blocks(src, dst, self.nprocs, ranks):
@@ -561,32 +559,29 @@ class _Planner:
                ranks: np.ndarray) -> tuple:
         """``(rounds, added, peak)`` of a group on ``choice`` after ``held`` words: ``rounds`` ``(index, T)`` or None,
         the fewest over a summed index that keep the peak within the memory (else those of the least peak);
-        the words it adds to what ranks hold, and its peak. Counted as footprint.py counts them: moved and
-        computed blocks held (one round's part where they hold the index), a step's operand copies (and the
-        round's partial result) or a reduction's staging on top; ``final``: where the result ends, if it moves."""
+        the words it adds to what ranks hold, and its peak, counted with footprint.py's own terms: moved and
+        computed blocks held (one round's part where they hold the index), a step's operand copies (and a piece
+        of the round's partial result) or a reduction's staging on top; ``final``: where the result ends, if it
+        moves."""
         sizes, out = self.sizes, group_steps[-1].output
-        words = self.block_words
-        held_terms = [(dst, sub) for _, sub, _, dst, _ in moves]
-        held_terms += [(choice.layout(s.output, sizes, partial=False), s.output) for s in group_steps]
-        copies = [[(choice.layout(sub, sizes, partial=False), sub) for sub in s.subscripts] for s in group_steps]
-        staging = [words(dst, ranks) * src.n_summands + 2 * words(src, ranks)
-                   for _, _, src, dst, _ in moves if src.partial]
-        result = choice.layout(out, sizes, partial=False)
+        zero = np.zeros(ranks.size, dtype=np.int64)
+        staging = [self.held_words(reduction_staging(src, dst), ranks) for _, _, src, dst, _ in moves if src.partial]
         produced = choice.layout(out, sizes, partial=True)
-        whole = parts = np.zeros(ranks.size, dtype=np.int64)   # the exit's staging: whole, or in parts
+        whole = parts = zero   # the exit's staging: in one step, or in parts (after a group in rounds)
         if final is not None and produced.partial:
-            whole = words(final, ranks) * produced.n_summands + 2 * words(produced, ranks)
-            parts = (words(final, ranks, 0, ROUND_PIECES) * (produced.n_summands + 1)
+            whole = self.held_words(reduction_staging(produced, final), ranks)
+            parts = (self.held_words(reduction_staging(produced, final, (0, ROUND_PIECES)), ranks)
                      if self.in_parts(produced, final) else whole)
-        exit_words = words(final, ranks) if final is not None else 0
+        exit_words = zero if final is None else self.held_words(((final, 1, 0, ()),), ranks)
 
         def peak(index: str, t: int) -> tuple[np.ndarray, np.ndarray]:
-            cut = lambda lay, sub: words(lay, ranks, sub.index(index) if index in sub else None, t)  # noqa: E731
-            added = sum((cut(lay, sub) for lay, sub in held_terms), np.zeros(ranks.size, dtype=np.int64))
-            piece = words(result, ranks, 0 if out else None, ROUND_PIECES) if t > 1 else 0   # contract_round
-            top = [sum((cut(lay, sub) for lay, sub in group), piece) for group in copies] + staging
-            top.append(parts if t > 1 else whole)
-            return added, held + added + exit_words + np.max(top, axis=0, initial=0)
+            rounds = (index, t) if t > 1 else None
+            group_held, group_transients = group_terms(choice, group_steps, out, sizes, rounds)
+            moved = tuple((dst, 1, 0, (sub.index(index), t) if rounds and index in sub else ())
+                          for _, sub, _, dst, _ in moves)
+            added = self.held_words(moved + group_held, ranks)
+            top = [self.held_words(group, ranks) for group in group_transients] + staging + [parts if rounds else whole]
+            return added, held + added + exit_words + np.max(top, axis=0)
 
         added, first = peak("", 1)
         if first.max(initial=0) <= self.budget:
@@ -599,8 +594,8 @@ class _Planner:
             low, high = 2, most
             if high < low:
                 continue
-            if peak(index, high)[1].max(initial=0) > self.budget:   # no number of rounds fits: the least peak
-                added_i, peak_i = peak(index, high)
+            added_i, peak_i = peak(index, high)
+            if peak_i.max(initial=0) > self.budget:                 # no number of rounds fits: the least peak
                 best = min(best, (int(peak_i.max(initial=0)), high, index, added_i, peak_i), key=lambda b: b[:2])
                 continue
             while low < high:                                       # the fewest rounds that fit
