@@ -182,17 +182,13 @@ class Transfer:
                         for peer, offset, n, t in self.big_recvs]
             requests += [self.comm.Isend([block, 1, t], peer, _BIG_TAG) for peer, t in self.big_sends]
             MPI.Request.Waitall(requests)
-        for peer, add, from_starts, subsizes, to_starts in self.ops:
+        def piece(peer, starts, subsizes):
             if peer == rank:
-                piece = block[_slices(from_starts, subsizes)]
-            else:
-                start = self.staged_at[peer]
-                piece = buffer[start:start + math.prod(subsizes) * self.dtype.itemsize].view(self.dtype)
-                piece = piece.reshape(subsizes)
-            if add:
-                out[_slices(to_starts, subsizes)] += piece
-            else:
-                out[_slices(to_starts, subsizes)] = piece
+                return block[_slices(starts, subsizes)]
+            start = self.staged_at[peer]
+            return buffer[start:start + math.prod(subsizes) * self.dtype.itemsize].view(self.dtype).reshape(subsizes)
+
+        _apply(self.ops, out, piece)
         if self.staged_at and out is not None:
             out = out.copy()          # let the staging buffer go
         return out
@@ -217,12 +213,17 @@ def local_part(table, block, dtype):
     if not out_held:
         return None
     out = np.empty(out_shape, dtype=dtype)
-    for _, add, from_starts, subsizes, to_starts in ops:
-        if add:
-            out[_slices(to_starts, subsizes)] += block[_slices(from_starts, subsizes)]
-        else:
-            out[_slices(to_starts, subsizes)] = block[_slices(from_starts, subsizes)]
+    _apply(ops, out, lambda peer, starts, subsizes: block[_slices(starts, subsizes)])
     return out
+
+
+def _apply(ops, out, piece):
+    """Run a step's ``ops`` into ``out``: copy or add each ``piece(peer, from_starts, subsizes)`` at its place."""
+    for peer, add, from_starts, subsizes, to_starts in ops:
+        if add:
+            out[_slices(to_starts, subsizes)] += piece(peer, from_starts, subsizes)
+        else:
+            out[_slices(to_starts, subsizes)] = piece(peer, from_starts, subsizes)
 
 
 def exchange(comm, table, local, dtype, log=None, label=""):

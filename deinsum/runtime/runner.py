@@ -1,7 +1,7 @@
 """One rank's run-time state, kept across calls, and the named operations a program is written in.
 
 STANDALONE: imports only numpy, mpi4py and the sibling runtime modules
-(emitted scripts carry these files as one block). A program, in-process or
+(emitted scripts carry these files in their runtime payload). A program, in-process or
 emitted, is straight-line code over a :class:`Runtime`::
 
     grid0_sum = rt.cart_sub((2, 2, 2, 1), remain=(1, 2))
@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..footprint import ROUND_PIECES
+from ..layout import block_range
 from ..redistribute import table_words
 from .exchange import ByteLog, Transfer, element_type, local_part
 from .kernels import agree_gemm_routes, array_module, contract_group, set_stream_threads, unary
@@ -203,9 +204,8 @@ class Runtime:
         first = output[0]
         n = next(b.shape[sub.index(first)] for b, sub in zip(blocks, inputs) if first in sub)
         pieces = max(1, min(ROUND_PIECES, n))
-        q, r = divmod(n, pieces)
         for p in range(pieces):
-            lo, hi = p * q + min(p, r), (p + 1) * q + min(p + 1, r)
+            lo, hi = (int(v) for v in block_range(n, pieces, p))
             part = self.contract_group(inputs, output, *(
                 b[tuple(slice(lo, hi) if c == first else slice(None) for c in sub)] for b, sub in zip(blocks, inputs)))
             with self.clock("compute"):
@@ -238,9 +238,8 @@ class Runtime:
         (a view; None stays None), the part the round's moves bring of the other blocks."""
         if x is None:
             return None
-        q, r = divmod(x.shape[axis], rounds)
-        start = t * q + min(t, r)
-        return x[(slice(None),) * axis + (slice(start, start + q + (t < r)),)]
+        start, stop = (int(v) for v in block_range(x.shape[axis], rounds, t))
+        return x[(slice(None),) * axis + (slice(start, stop),)]
 
     def unary(self, a, sub, out):
         """A unary pre-pass step where the operand is (None stays None)."""
