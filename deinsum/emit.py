@@ -207,10 +207,8 @@ def _round_lines(g, moves, grid) -> list[str]:
         if name in rounded:
             m, k = rounded[name]
             e = m.exchanges[0]
-            comm = "rt.world" if e.comm.group is None else e.comm.name
-            if e.comm.group is not None:
-                lines.append(f"        {comm} = rt.cart_sub(GRID{e.comm.group}, remain={e.comm.remain!r})")
-            lines.append(f"        {_name(name)}_t = rt.{e.kind}({_name(name)}, move={k}, step=t, comm={comm})")
+            comm, made = _communicator(e, "        ")
+            lines += made + [f"        {_name(name)}_t = rt.{e.kind}({_name(name)}, move={k}, step=t, comm={comm})"]
         elif index in sub:
             lines.append(f"        {_name(name)}_t = rt.slab({_name(name)}, {sub.index(index)}, {count}, t)")
         parts.append(f"{_name(name)}_t" if name in rounded or index in sub else _name(name))
@@ -225,10 +223,8 @@ def _move_lines(move, k) -> list[str]:
     t = _name(move.tensor)
     lines = [f"    # {move.label}: {move.src} -> {move.dst}"]
     for s, e in enumerate(move.exchanges):
-        comm = "rt.world"
-        if e.comm.group is not None:
-            comm = e.comm.name
-            lines.append(f"    {comm} = rt.cart_sub(GRID{e.comm.group}, remain={e.comm.remain!r})")
+        comm, made = _communicator(e, "    ")
+        lines += made
         step = f", step={s}" if s else ""
         if move.parts:   # its steps are the parts of one reduction, placed into the destination block
             axis, parts = move.parts
@@ -236,3 +232,11 @@ def _move_lines(move, k) -> list[str]:
         else:
             lines.append(f"    {t} = rt.{e.kind}({t}, move={k}{step}, comm={comm})")
     return lines
+
+
+def _communicator(exchange, indent: str) -> tuple[str, list[str]]:
+    """The name of the communicator an exchange runs on, and the line that makes it (a Cart_sub) if any."""
+    if exchange.comm.group is None:
+        return "rt.world", []
+    name = exchange.comm.name
+    return name, [f"{indent}{name} = rt.cart_sub(GRID{exchange.comm.group}, remain={exchange.comm.remain!r})"]

@@ -177,6 +177,12 @@ def sample_ranks(nprocs: int, count: int = 64) -> np.ndarray:
     return np.unique(np.concatenate([(golden * nprocs).astype(np.int64), [nprocs - 1]]))
 
 
+def _check_rounds(src: Layout, split: tuple[int, ...] | None, rounds: tuple[int, int] | None) -> None:
+    """Rounds cut a direct move only: one through a reduce-scatter first (``split``) has two phases."""
+    if rounds is not None and split is not None:
+        raise DeinsumError(f"a move of partial sums through a reduce-scatter ({src}) does not run in rounds")
+
+
 def _check_rank(rank: int, nprocs: int) -> int:
     if not 0 <= rank < nprocs:
         raise DeinsumError(f"rank {rank} outside a redistribution on {nprocs} ranks")
@@ -207,7 +213,7 @@ def rank_tables(src: Layout, dst: Layout, nprocs: int, rank: int, split: tuple[i
                 rounds: tuple[int, int] | None = None) -> tuple:
     """Plain-int tables of ``rank`` for moving ``src`` to ``dst`` on ``nprocs`` ranks, one per phase:
     directly (``split`` None) or a reduce-scatter cutting blocks by ``split`` first (:func:`reduce_split`);
-    or, with ``rounds`` ``(axis, T)`` (a source of complete values), in T phases, phase ``t`` bringing the
+    or, with ``rounds`` ``(axis, T)`` (a direct move: ``split`` None), in T phases, phase ``t`` bringing the
     balanced sub-range ``t`` along ``axis`` of every destination block (its output block is that part).
 
     A phase is ``(in_held, in_shape, out_held, out_shape, sends, recvs, ops)``, peers numbered in the
@@ -223,8 +229,7 @@ def rank_tables(src: Layout, dst: Layout, nprocs: int, rank: int, split: tuple[i
     """
     _check_pair(src, dst, nprocs)
     _check_rank(rank, nprocs)
-    if rounds is not None and split is not None:
-        raise DeinsumError(f"a move of partial sums through a reduce-scatter ({src}) does not run in rounds")
+    _check_rounds(src, split, rounds)
     return tuple(_rank_phase(a, b, rank) for a, b in _phases(src, dst, nprocs, split, rounds))
 
 
@@ -367,6 +372,5 @@ def plan_redistribution(src: Layout, dst: Layout, nprocs: int, rounds: tuple[int
     """
     _check_pair(src, dst, nprocs)
     split = reduce_split(src, dst, nprocs)
-    if rounds and split is not None:
-        raise DeinsumError(f"a move of partial sums through a reduce-scatter ({src}) does not run in rounds")
+    _check_rounds(src, split, rounds)
     return Redistribution(src, dst, nprocs, split, rounds)

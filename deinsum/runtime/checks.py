@@ -28,7 +28,6 @@ import numpy as np
 from mpi4py import MPI
 
 
-
 def _ranks(ranks):
     """``[0, 2, 3, 4]`` -> ``'ranks 0, 2-4'``."""
     runs, start = [], None

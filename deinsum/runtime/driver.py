@@ -1,7 +1,7 @@
 """The command-line driver of an emitted program: arguments, inputs, repeated timed runs, report.
 
 STANDALONE: imports only numpy, mpi4py and the sibling runtime modules
-(emitted scripts carry these files as one block; it uses checks.py for
+(emitted scripts carry these files in their runtime payload; it uses checks.py for
 agreement, files, memory and validation). An emitted script defines
 its plan's data (``EQUATION``, ``MOVES``, ...) and ``run(rt, *operands)``;
 ``script_main(globals())`` turns it into a command-line tool. Each rank builds
@@ -30,6 +30,7 @@ class ProgramError(Exception):
 
 #: The most timed runs one launch takes (``--repeat``).
 MAX_REPEAT = 100_000
+
 
 def check_sizes(options, planned):
     """Validate ``--size i=4,j=5`` options against the planned sizes."""
