@@ -111,6 +111,7 @@ class Decomposition:
     steps: tuple[Step, ...]
     assumption: str | None = None
     naive_flops: int | None = field(default=None, compare=False)
+    raw_shapes: tuple[tuple[int, ...], ...] | None = None   # the operands' shapes (None: symbolic)
 
     @property
     def result_name(self) -> str:
@@ -414,4 +415,5 @@ def decompose(equation: str, *shapes: Sequence[int], optimize: str = "auto") -> 
                        len(parsed.subscripts), sizes)
     assumption = None if sizes is not None else f"contraction order planned with every index of size {SYMBOLIC_SIZE}"
     return Decomposition(parsed.equation, parsed.subscripts, tuple(names), tuple(subs), parsed.output,
-                         sizes, tuple(pre), tuple(steps), assumption, naive)
+                         sizes, tuple(pre), tuple(steps), assumption, naive,
+                         None if sizes is None else tuple(as_shape(s) for s in shapes))

@@ -24,7 +24,7 @@ from pathlib import Path
 from .errors import DeinsumError
 from .footprint import footprint_terms
 from .runtime.bundle import pack, package_name
-from .schedule import Move
+from .schedule import Move, Prepass
 from .version import __version__
 
 #: The package files (under deinsum/) an emitted script carries, byte for byte.
@@ -81,8 +81,8 @@ def _layouts(plan) -> dict:
     """Every layout the data names (moves, footprint), numbered in order of first use: ``{layout: "L<k>"}``."""
     held, transients = footprint_terms(plan)
     names: dict = {}
-    for layout in [x for m in plan.moves for x in (m.src, m.dst)] + [term[0] for group in (held, *transients)
-                                                                        for term in group]:
+    for layout in [x for m in plan.moves for x in (m.src, m.dst)] + [p.src for p in plan.prepasses] + [
+            term[0] for group in (held, *transients) for term in group]:
         names.setdefault(layout, f"L{len(names)}")
     return names
 
@@ -96,7 +96,7 @@ def generate(plan, device: str = "cpu") -> str:
     """The program's source text (see module docstring); with ``device='gpu'`` it also carries the GPU path
     (:mod:`deinsum.runtime.gpu`) and runs there with ``--device gpu``."""
     d = plan.decomposition
-    shapes = [tuple(d.sizes[c] for c in s) for s in d.raw_subscripts]
+    shapes = list(d.raw_shapes)
     sizes = {c: d.sizes[c] for c in sorted(set("".join(d.raw_subscripts)))}
     header = [
         "#!/usr/bin/env python3",
@@ -151,10 +151,19 @@ def _listing(plan) -> str:
     """One function per group (the moves into it, then its local steps) and ``run`` calling them."""
     d = plan.decomposition
     index = {id(m): k for k, m in enumerate(plan.moves)}
+    layouts = _layouts(plan)
     functions, body, pending = [], [], []
     for item in plan.schedule:
         if isinstance(item, Move):
             pending.append(item)
+            continue
+        if isinstance(item, Prepass):   # on every rank's block, after the moves that align it
+            s = item.step
+            body += [line for m in pending for line in _move_lines(m, index[id(m)])]
+            body.append(f"    {_name(s.name)} = rt.unary({_name(s.operands[0])}, {s.subscripts[0]!r}, {s.output!r}, "
+                        f"{layouts[item.src]})  # {s.kind}" + (f", partial sums over grid {item.dst.partial}"
+                                                             if item.dst.partial else ""))
+            pending = []
             continue
         g = item.group
         reads = ", ".join(_name(name) for name, _ in g.reads)
@@ -167,8 +176,6 @@ def _listing(plan) -> str:
            f'    """{plan.nprocs} ranks: inputs {plan.inputs}, result {plan.result}. Each argument is this rank\'s',
            "    block of an input as the plan's entry layouts hold it (None where it holds none).",
            '    """']
-    run += [f"    {_name(s.name)} = rt.unary({_name(s.operands[0])}, {s.subscripts[0]!r}, {s.output!r})"
-            for s in d.prepass]
     run += body + ["    return out"]
     return "\n\n\n".join(functions + ["\n".join(run)]) + "\n"
 

@@ -4,7 +4,7 @@ The footprint is an upper bound of what the program (``run_program``, in process
 or emitted) holds at once on a rank, in bytes:
 
 * the inputs as the caller holds them (their entry layouts, raw shapes), and the
-  result of any unary pre-pass;
+  blocks their unary pre-pass steps make;
 * every block the program binds: each move's destination block and each step's
   output block on its group's grid (the program keeps its names to the end); in a
   group that runs in rounds, one round's part of the blocks that hold the rounds'
@@ -16,7 +16,7 @@ or emitted) holds at once on a rank, in bytes:
 * ``SLACK`` bytes for numpy's iterator buffers (a broadcast multiply buffers 2 x 8192
   elements) and the Python objects of a call.
 
-It reads only the plan's decomposition, dtype, entry layouts, groups and moves.
+It reads only the plan's decomposition, dtype, entry layouts, pre-passes, groups and moves.
 
 >>> import deinsum
 >>> plan = deinsum.compile("i,j->ij", (1000,), (1000,)).plan(nprocs=2, inputs="global", result="all")
@@ -43,13 +43,9 @@ def footprint_terms(plan) -> tuple:
     per element of the layout's block (of one round's part of it where ``cut`` is ``(axis, rounds)``) and
     ``per_holder`` words where the rank holds a block (see :func:`peak_bytes`). Small (a few terms per move
     and step), so emitted scripts carry it."""
-    d = plan.decomposition
-    sizes = d.sizes
-    volume = lambda sub: int(np.prod([sizes[c] for c in sub], dtype=np.int64))  # noqa: E731
-    held = [(layout, 1, 0, ()) for layout in plan.entry]
-    for s in d.prepass:   # the caller keeps its raw operand; the pre-pass result comes on top
-        n = 0 if s.name == "out" else d.input_names.index(s.name)
-        held.append((plan.entry[n], 0, volume(s.output) if s.name == "out" else volume(d.raw_subscripts[n]), ()))
+    sizes = plan.decomposition.sizes
+    # the caller keeps its operands; each pre-pass step's blocks come on top
+    held = [(layout, 1, 0, ()) for layout in plan.entry] + [(p.dst, 1, 0, ()) for p in plan.prepasses]
     transients = []
     for m in plan.moves:
         held.append((m.dst, 1, 0, m.rounds or ()))

@@ -24,10 +24,10 @@ from .memory import as_bytes, default_memory
 from .decompose import Decomposition, Step
 from .errors import DeinsumError, as_ranks, check_choice
 from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
-from .layout import Layout, pin_layout
+from .layout import Layout, balanced_split, pin_layout
 from .redistribute import received_words, reduce_split, sample_ranks
 from .footprint import ROUND_PIECES, SLACK, footprint, group_terms, reduction_staging, term_words
-from .schedule import Compute, Move
+from .schedule import Compute, Move, Prepass, unary_layouts
 from .soap import analyze
 
 INPUT_MODES = {"global": "global arrays on every rank", "root": "global arrays on rank 0",
@@ -139,6 +139,11 @@ class Plan:
     def moves(self) -> tuple[Move, ...]:
         return tuple(item for item in self.schedule if isinstance(item, Move))
 
+    @property
+    def prepasses(self) -> tuple[Prepass, ...]:
+        """The unary pre-pass steps, each run on every rank's block of its operand."""
+        return tuple(item for item in self.schedule if isinstance(item, Prepass))
+
     def received_bytes(self) -> np.ndarray:
         """Modeled bytes every rank receives (from the volume model: fast for any number of ranks)."""
         return sum((m.words_received for m in self.moves), np.zeros(self.nprocs, dtype=np.int64)) * self.dtype.itemsize
@@ -156,9 +161,9 @@ class Plan:
         """Words of the inputs and result a rank holds at the start or end: the largest block of a fixed
         layout (a global input whole), else an even share: the least memory any plan from this start needs."""
         d, fixed = self.decomposition, self.fixed_layouts
-        tensors = {**dict(zip(d.input_names, d.input_subscripts)), "out": d.output}
-        return sum(fixed[n].largest_block() if n in fixed else -(-math.prod(d.sizes[c] for c in t) // self.nprocs)
-                   for n, t in tensors.items())
+        shapes = {**dict(zip(d.input_names, (lay.shape for lay in self.entry))), "out": self.exit.shape}
+        return sum(fixed[n].largest_block() if n in fixed else -(-math.prod(shape) // self.nprocs)
+                   for n, shape in shapes.items())
 
     @property
     def holds_data_share(self) -> bool:
@@ -207,6 +212,9 @@ class Plan:
                     f"; INFEASIBLE: the least peak per rank of any plan found is {self.peak_bytes:,} bytes"
                     + ("" if self.holds_data_share else f" (the data's share alone is {self.data_share * size:,})")),
                  str(d), ""]
+        if self.prepasses:
+            lines.append(f"  pre-pass on each rank's block: {d.prepass_reason()}")
+            lines += [f"    {p.step.operation}: {p.src} -> {p.dst}" for p in self.prepasses]
         for g in self.groups:
             ops = "; ".join(s.operation for s in g.steps)
             dims = ", ".join(f"{c}={p}" for c, p in zip(g.indices, g.grid.dims))
@@ -253,10 +261,23 @@ class Plan:
                     "axes": [list(lay.axis_dims(x)) for x in range(len(lay.shape))],
                     "partial": list(lay.partial), "indices": names, "spec": lay.spec()}
 
-        subs = {**dict(zip(self.decomposition.input_names, self.decomposition.input_subscripts)),
-                "out": self.decomposition.output}
-        for g in self.groups:
-            subs.update({s.name: s.output for s in g.steps})
+        d = self.decomposition
+        subs, moves, prepass = dict(zip(d.input_names, d.raw_subscripts)), [], []
+        for item in self.schedule:   # the indices of each tensor as it moves (a pre-pass changes them)
+            if isinstance(item, Prepass):
+                prepass.append({"tensor": item.step.operands[0], "operation": item.step.operation,
+                                "src": layout(item.src, subs[item.step.operands[0]]),
+                                "dst": layout(item.dst, item.step.output)})
+                subs[item.step.name] = item.step.output
+            elif isinstance(item, Compute):
+                subs.update({s.name: s.output for s in item.group.steps})
+            else:
+                name = item.tensor
+                moves.append({"tensor": name, "kind": self._move_kind(item), "src": layout(item.src, subs[name]),
+                              "dst": layout(item.dst, subs[name]),
+                              "bytes_received_per_rank": (item.words_received * size).tolist(),
+                              "bytes_sent_per_rank": [item.redistribution.bytes_sent(r, size)
+                                                      for r in range(self.nprocs)] if self.nprocs <= 4096 else None})
         received = self.received_bytes()
         groups = []
         for g in self.groups:
@@ -269,11 +290,6 @@ class Plan:
                            "rounds": None if g.rounds is None else {"index": g.rounds[0], "count": g.rounds[1]},
                            "received_bytes_max": g.grid.volume * size,
                            "lower_bound_bytes": None if self.bound is None else self.bound.per_group[g.index] * size})
-        moves = [{"tensor": m.tensor, "kind": self._move_kind(m), "src": layout(m.src, subs[m.tensor]),
-                  "dst": layout(m.dst, subs[m.tensor]),
-                  "bytes_received_per_rank": (m.words_received * size).tolist(),
-                  "bytes_sent_per_rank": [m.redistribution.bytes_sent(r, size) for r in range(self.nprocs)]
-                  if self.nprocs <= 4096 else None} for m in self.moves]
         return {"equation": self.equation, "nprocs": self.nprocs, "dtype": self.dtype.name,
                 "inputs": self.inputs, "result": self.result, "pinned": list(self.pinned),
                 "memory_bytes_per_rank": self.memory,
@@ -281,10 +297,9 @@ class Plan:
                 "peak_bytes_per_rank_max": self.peak_bytes,
                 "memory_needed_bytes_per_rank": None if self.feasible else self.peak_bytes,
                 "data_share_bytes_per_rank": self.data_share * size,
-                "entry": {n: layout(lay, s) for n, lay, s in zip(self.decomposition.input_names, self.entry,
-                                                                  self.decomposition.input_subscripts)},
-                "exit": layout(self.exit, self.decomposition.output),
-                "groups": groups, "moves": moves,
+                "entry": {n: layout(lay, s) for n, lay, s in zip(d.input_names, self.entry, d.raw_subscripts)},
+                "exit": layout(self.exit, d.output),
+                "prepass": prepass, "groups": groups, "moves": moves,
                 "received_bytes_per_rank": received.tolist(),
                 "received_bytes_max": int(received.max(initial=0)),
                 "lower_bound_bytes_per_rank": self.lower_bound_bytes,
@@ -337,6 +352,54 @@ def _holds_blocks(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray | Non
     else:
         (src_lo, src_hi), (dst_lo, dst_hi) = src.boxes_of(ranks), dst.boxes_of(ranks)
     return bool(np.array_equal(src_lo, dst_lo) and np.array_equal(src_hi, dst_hi))
+
+
+def _home(layout: Layout) -> Layout:
+    """Where a tensor computed or read on a grid lives when nobody needs it replicated: its blocks spread over
+    the copies, partial sums summed.
+
+    >>> _home(Layout((8,), grid=(2, 2), axes=(0,), partial=(1,))).axes
+    ((0, 1),)
+    """
+    return Layout(layout.shape, layout.grid, layout.axes).spread()
+
+
+def _even_diagonal(shape: tuple[int, ...], sub: str, nprocs: int) -> Layout:
+    """:meth:`Layout.even` for an operand ``sub`` that may repeat an index: the repeated index split along its
+    first axis only, so that each rank's block holds the diagonal of its range (no move to align it).
+
+    >>> _even_diagonal((6, 6, 2), "iij", 4).axis_parts(1)
+    (1,)
+    """
+    if not shape:
+        return Layout.even(shape, nprocs)
+    whole = tuple(n if sub.index(c) == k else 1 for k, (n, c) in enumerate(zip(shape, sub)))
+    return Layout(shape, balanced_split(whole, nprocs), tuple(range(len(shape))))
+
+
+def _prepass(name: str, steps, layout: Layout, pinned: Layout | None, nprocs: int) -> tuple[list, Layout]:
+    """The schedule items of operand ``name``'s pre-pass ``steps`` from ``layout`` (where it starts; into
+    ``pinned`` first, if given), and the layout they leave it in: each step on every rank's block, after a move
+    that aligns a repeated index where its axes are split apart (:func:`unary_layouts`).
+
+    >>> from deinsum.decompose import decompose
+    >>> d = decompose("ii->", (6, 6))
+    >>> items, made = _prepass("in0", d.prepass, Layout.even((6, 6), 4), None, 4)
+    >>> [type(item).__name__ for item in items], made.partial
+    (['Move', 'Prepass', 'Prepass'], (0, 1))
+    """
+    items = []
+    if pinned is not None:
+        if not _holds_blocks(layout, pinned, nprocs):
+            items.append(Move(name, "distribute", layout, pinned, nprocs))
+        layout = pinned
+    for step in steps:
+        src, dst = unary_layouts(layout, step.subscripts[0], step.output)
+        if not _holds_blocks(layout, src, nprocs):
+            items.append(Move(step.operands[0], "redistribute", layout, src, nprocs))
+        items.append(Prepass(step, src, dst))
+        layout = dst
+    return items, layout
 
 
 def _group_reads(steps: tuple[Step, ...]) -> tuple[tuple[str, str], ...]:
@@ -415,8 +478,9 @@ class _Planner:
     assembly of the chosen plan with the exact model on every rank."""
 
     def __init__(self, d: Decomposition, nprocs: int, starts: dict[str, Layout | None], first: dict[str, Layout],
-                 finish: Layout | None, budget: int):
+                 finish: Layout | None, budget: int, kept: tuple[Layout, ...] = ()):
         self.d, self.nprocs, self.starts, self.first, self.finish = d, nprocs, starts, first, finish
+        self.kept = kept                     # layouts held to the end besides the starts (operands before a pre-pass)
         self.budget = budget                 # words a rank may hold at its peak (footprint.py's count)
         self.sizes = dict(d.sizes)
         self.ranks = sample_ranks(nprocs, SEARCH_RANKS)
@@ -444,10 +508,6 @@ class _Planner:
 
         return term_words(terms, ranks, extents)
 
-    def home(self, layout: Layout) -> Layout:
-        """Where a tensor computed or read on a grid lives when nobody needs it replicated."""
-        return Layout(layout.shape, layout.grid, layout.axes).spread()
-
     def start(self, ranks: np.ndarray) -> _State:
         """The plan before its first group: the inputs where they start, whole ones with a pinned layout
         moved into it (``first``), modeled at ``ranks``."""
@@ -456,8 +516,10 @@ class _Planner:
         moves = tuple(Move(n, "distribute", layouts[n], pinned, self.nprocs) for n, pinned in self.first.items()
                       if not _holds_blocks(layouts[n], pinned, self.nprocs, ranks))
         received = sum((self.words(m.src, m.dst, ranks) for m in moves), zero)
-        held = self.held_words(tuple((x, 1, 0, ()) for x in [*layouts.values(), *(m.dst for m in moves)]), ranks)
-        return _State(received, zero, tuple((layouts | self.first).items()), (), tuple(("move", m) for m in moves),
+        pending = sum((self.words(x, _home(x), ranks) for x in layouts.values() if x.partial), zero)
+        held = self.held_words(tuple((x, 1, 0, ()) for x in [*layouts.values(), *(m.dst for m in moves), *self.kept]),
+                               ranks)
+        return _State(received, pending, tuple((layouts | self.first).items()), (), tuple(("move", m) for m in moves),
                       held, max(0, int(held.max(initial=0)) - self.budget))
 
     def search(self, partition: tuple[tuple[int, ...], ...]) -> _State:
@@ -519,17 +581,17 @@ class _Planner:
             dst = choice.layout(sub, self.sizes, partial=False)
             src = layouts.get(name)
             if src is None:                       # the planner chooses where this input starts: at home here
-                src = entry[name] = self.home(dst)
+                src = entry[name] = _home(dst)
                 held += self.held_words(((src, 1, 0, ()),), ranks)
             elif src.partial:                     # the estimate owed for it is now paid for real
-                pending -= self.words(src, self.home(Layout(src.shape, src.grid, src.axes)), ranks)
+                pending -= self.words(src, _home(src), ranks)
             if not _holds_blocks(src, dst, self.nprocs, ranks):
                 phase = "distribute" if name in self.d.input_names else "reduce" if src.partial else "redistribute"
                 received += self.words(src, dst, ranks)
                 moves.append((name, sub, src, dst, phase))
             layouts[name] = dst
         produced = choice.layout(group_steps[-1].output, self.sizes, partial=True)
-        final = (self.finish or self.home(produced)) if last else None
+        final = (self.finish or _home(produced)) if last else None
         exit_move = last and not _holds_blocks(produced, final, self.nprocs, ranks)
         rounds, added, peak = self.rounds(group_steps, choice, moves, final if exit_move else None, held, ranks)
         parts = (0, ROUND_PIECES) if rounds and exit_move and self.in_parts(produced, final) else None
@@ -550,7 +612,7 @@ class _Planner:
                     "reduce" if produced.partial else "redistribute")
                 items.append(("move", Move("out", phase, produced, final, self.nprocs, number, parts=parts)))
         elif produced.partial:
-            pending += self.words(produced, self.home(Layout(produced.shape, produced.grid, produced.axes)), ranks)
+            pending += self.words(produced, _home(produced), ranks)
         over = max(state.over, int(peak.max(initial=0)) - self.budget)
         return _State(received, pending, tuple(layouts.items()), tuple(entry.items()), tuple(items), held + added,
                       max(0, over))
@@ -651,7 +713,9 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     (``"out"``): a :class:`Layout` or ``"even"``/``"replicated"``/``"root"``; a
     local input starts in it, a global or root one is moved into it first. Every fusion
     candidate of the SOAP analysis (up to MAX_PARTITIONS) is planned and the one
-    whose busiest rank receives least wins.
+    whose busiest rank receives least wins. A unary pre-pass (diagonals, sums over an index of one operand,
+    squeezes) runs on every rank's block where the operand starts (:func:`_prepass`); its partial sums go into
+    the plan like a group's.
     """
     d = decomposition
     if d.sizes is None:
@@ -664,21 +728,26 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     memory = default_memory(planning_ranks(nprocs)) if memory_default else as_bytes(memory, error=DeinsumError)
     pins = dict(pin_names(layouts))
     check_pins(d, pins)
-    if d.prepass and (inputs == "local" or set(pins) & {s.operands[0] for s in d.prepass}):
-        raise DeinsumError(f"{d.prepass_reason()}: a pre-pass on whole arrays; pass whole arrays (inputs='global' "
-                           f"or 'root'), not local blocks, DistributedArrays or pinned layouts")
     shape_of = lambda sub: tuple(d.sizes[c] for c in sub)  # noqa: E731
-    # where each input starts (local blocks pinned or placed by the planner, else whole arrays) and the pinned
-    # layouts whole arrays are distributed into first
-    starts, first = {}, {}
-    for name, sub in zip(d.input_names, d.input_subscripts):
-        pinned = pin_layout(pins[name], shape_of(sub), nprocs, name) if name in pins else None
+    unary = {}   # the pre-pass steps of each operand that has some, in order
+    for s in d.prepass:
+        unary.setdefault(s.operands[0], []).append(s)
+    # where each input starts (local blocks pinned or placed by the planner, else whole arrays; an operand with
+    # a pre-pass as it comes, then as its pre-pass leaves it) and the pinned layouts whole arrays go to first
+    starts, first, raw, prepass = {}, {}, {}, []
+    for name, sub, raw_sub, shape in zip(d.input_names, d.input_subscripts, d.raw_subscripts, d.raw_shapes):
+        shape = shape if name in unary else shape_of(sub)
+        pinned = pin_layout(pins[name], shape, nprocs, name) if name in pins else None
         if inputs == "local":
-            starts[name] = pinned
+            starts[name] = pinned if pinned is not None or name not in unary else _even_diagonal(shape, raw_sub, nprocs)
         else:
-            starts[name] = mode_layout(inputs, shape_of(sub), nprocs)
+            starts[name] = mode_layout(inputs, shape, nprocs)
             if pinned is not None:
                 first[name] = pinned
+        if name in unary:
+            raw[name] = starts[name]
+            items, starts[name] = _prepass(name, unary[name], starts[name], first.pop(name, None), nprocs)
+            prepass += items
     if result != "distributed" and "out" in pins:   # a pinned result layout is where a distributed result ends
         raise DeinsumError(f"layouts: 'out' pins the layout of a distributed result: pass result='distributed', "
                            f"not {result!r}")
@@ -688,28 +757,31 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     analysis = analyze(d, S=max(1, memory // dtype.itemsize), P=nprocs, owned=_owned_words(d, nprocs, held),
                        result_copies=_result_copies_words(d, nprocs, finish)) if d.steps else None
 
-    if not d.steps:  # a single operand (global or root): the pre-pass makes the result where the operand is
-        src = mode_layout(inputs, shape_of(d.output), nprocs)
-        final = finish or Layout.even(shape_of(d.output), nprocs)
-        schedule = () if _holds_blocks(src, final, nprocs) else (
-            Move("out", "gather" if finish is not None else "redistribute", src, final, nprocs),)
-        return Plan(d, nprocs, dtype, memory, inputs, result, analysis, (), (starts["in0"],), final, schedule,
-                    tuple(sorted(pins)), memory_default=memory_default)
+    if not d.steps:  # a single operand: its pre-pass makes the result, then it goes where it ends
+        made = starts["in0"]
+        final = finish or _home(made)
+        phase = "gather" if finish is not None and finish.nranks < nprocs else "reduce" if made.partial else (
+            "redistribute")
+        schedule = () if _holds_blocks(made, final, nprocs) else (Move("out", phase, made, final, nprocs),)
+        return Plan(d, nprocs, dtype, memory, inputs, result, analysis, (), (raw["in0"],), final,
+                    tuple(prepass) + schedule, tuple(sorted(pins)), memory_default=memory_default)
 
-    planner = _Planner(d, nprocs, starts, first, finish, memory // dtype.itemsize - SLACK // dtype.itemsize)
+    planner = _Planner(d, nprocs, starts, first, finish, memory // dtype.itemsize - SLACK // dtype.itemsize,
+                       tuple(raw.values()))
     scored = []
     for candidate in analysis.candidates[:MAX_PARTITIONS]:
         state = planner.search(candidate.partition)
         scored.append((state.key(), candidate.partition, state))
     scored.sort(key=lambda t: (t[0], t[1]))
     best = planner.assemble(scored[0][2])
-    entry = {**{n: s for n, s in starts.items() if s is not None}, **dict(best.entry)}
+    entry = {**{n: s for n, s in starts.items() if s is not None}, **dict(best.entry), **raw}
     groups = tuple(item for kind, item in best.items if kind == "compute")
     groups = tuple(replace(g, grid=replace(g.grid, volume=_group_volume(best.items, g.index),
                                            reason=f"{g.grid.reason}; best of {len(scored)} fusion "
                                                   f"candidate(s) x beam {BEAM_WIDTH}")) for g in groups)
     by_index = {g.index: g for g in groups}
-    schedule = tuple(Compute(by_index[item.index]) if kind == "compute" else item for kind, item in best.items)
+    schedule = tuple(prepass) + tuple(Compute(by_index[item.index]) if kind == "compute" else item
+                                      for kind, item in best.items)
     plan = Plan(d, nprocs, dtype, memory, inputs, result, analysis, groups,
                 tuple(entry[n] for n in d.input_names), entry["out"], schedule, tuple(sorted(pins)),
                 memory_default=memory_default)

@@ -31,7 +31,7 @@ from .errors import DeinsumError, as_dtype, as_ranks, check_choice
 from .footprint import footprint
 from .memory import as_bytes, default_memory
 from .plan import INPUT_MODES, RESULT_MODES, Plan, build_plan, check_pins, pin_names
-from .schedule import Move
+from .schedule import Move, Prepass
 from .soap import analyze
 
 
@@ -119,11 +119,13 @@ def run_schedule(rt: Runtime, plan: Plan, operands: Sequence) -> np.ndarray | No
     ``run`` of the plan's emitted script (see :mod:`deinsum.emit`)."""
     d = plan.decomposition
     tensors = dict(zip(d.input_names, operands))
-    for s in d.prepass:
-        tensors[s.name] = rt.unary(tensors[s.operands[0]], s.subscripts[0], s.output)
     moves, in_rounds = iter(range(len(plan.moves))), {}
     comm_of = lambda e: rt.world if e.comm.group is None else rt.cart_sub(e.comm.grid, e.comm.remain)  # noqa: E731
     for item in plan.schedule:
+        if isinstance(item, Prepass):
+            s = item.step
+            tensors[s.name] = rt.unary(tensors[s.operands[0]], s.subscripts[0], s.output, item.src)
+            continue
         if isinstance(item, Move):
             k = next(moves)
             if item.rounds:                  # run round by round inside the group that reads it
@@ -287,7 +289,7 @@ class Program:
                      ) -> list[tuple[slice, ...]]:
         """The slice of each operand that ``rank`` must pass with ``inputs='local'`` (the planner chooses the
         layouts together with the grids, so they depend on ``result`` and any pinned ``layouts``). A rank
-        that holds nothing of an operand gets empty slices (it may pass the empty block or None)."""
+        that holds nothing of an operand gets empty slices (it may pass the empty block, a scalar's value, or None)."""
         plan = self.plan(nprocs=nprocs, dtype=dtype, inputs="local", result=result)
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < nprocs:
             raise DeinsumError(f"input_blocks: rank {rank!r} is not a rank of {nprocs} (0 to {nprocs - 1})")
@@ -462,7 +464,7 @@ class Program:
                     else np.asarray(a, dtype=plan.dtype) for a in arrays]
         if plan.inputs == "local":
             for n, (a, want) in enumerate(zip(operands, _entry_shapes(plan, rank))):
-                if want is None and (a is None or a.size == 0):
+                if want is None and (a is None or a.size == 0 or a.ndim == 0):   # (a scalar: nothing to slice)
                     operands[n] = None                # this rank holds nothing of the operand
                 elif a is None or a.shape != want:
                     raise DeinsumError(f"operand {n}: rank {rank} must pass its block of shape "

@@ -68,6 +68,45 @@ class Compute:
     group: object
 
 
+@dataclass(frozen=True)
+class Prepass:
+    """A unary pre-pass step (``step``, a :class:`deinsum.decompose.Step`: diagonals, sums over indices no other
+    operand has, squeezes, transposes) run by every rank on its block of ``src``, making its block of ``dst``
+    (see :func:`unary_layouts`); no communication."""
+
+    step: object
+    src: Layout
+    dst: Layout
+
+
+def unary_layouts(layout: Layout, sub: str, out: str) -> tuple[Layout, Layout]:
+    """``(src, dst)`` of a unary step ``sub -> out`` on an operand held in ``layout``: ``src`` is ``layout`` with
+    every repeated index split along one of its axes only (the first one split; the grid dimensions that split
+    its other axes nest under it, so blocks keep their size), each rank's block then holding the diagonal of its
+    range; ``dst`` is the layout of the blocks the step makes there, partial sums over the grid dimensions that
+    split a summed index.
+
+    >>> src, dst = unary_layouts(Layout((4, 4, 6), (2, 2), (0, 1, None)), "iij", "j")
+    >>> src.axes, dst
+    (((0, 1), None, None), Layout(shape=(6,), grid=(2, 2), axes=(None,), partial=(0, 1)))
+    """
+    axes = [list(layout.axis_dims(k)) for k in range(len(sub))]
+    for c in dict.fromkeys(sub):
+        where = [k for k, x in enumerate(sub) if x == c]
+        first = next((k for k in where if any(layout.grid[g] > 1 for g in axes[k])), where[0])
+        for k in where:
+            if k != first:
+                axes[first] += axes[k]
+                axes[k] = []
+    axes = [tuple(dims) if len(dims) > 1 else dims[0] if dims else None for dims in axes]
+    src = Layout(layout.shape, layout.grid, tuple(axes), layout.partial)
+    position = {c: next((m for m, x in enumerate(sub) if x == c and axes[m] is not None), sub.index(c)) for c in sub}
+    summed = tuple(g for k, c in enumerate(sub) if c not in out for g in src.axis_dims(k) if src.grid[g] > 1)
+    dst = Layout(tuple(src.shape[position[c]] for c in out), src.grid, tuple(axes[position[c]] for c in out),
+                 tuple(sorted(set(src.partial) | set(summed))))
+    return src, dst
+
+
 def _one_rank(layout: Layout) -> bool:
     return layout.nranks == 1 and not layout.partial
 

@@ -98,8 +98,6 @@ attempt("matmul", lambda: mixed.matmul(np.ones((6 if comm.rank != 2 else 5, 2)))
 attempt("with_local", lambda: mixed.with_local(mixed.local, (4, 7) if comm.rank == 3 else (4, 6)))
 attempt("with_local block", lambda: mixed.with_local(np.ones((1, 1)) if comm.rank == 2 else mixed.local))
 attempt("comm", lambda: deinsum.einsum("ij,jk->ik", x, x.T, comm="world" if comm.rank == 1 else comm))
-attempt("transpose", lambda: deinsum.einsum("ij->ji", mixed))
-attempt("broadcast", lambda: deinsum.einsum("ij,j->i", np.ones((5, 1)), DistributedArray.from_global(np.ones(3))))
 attempt("root None", lambda: deinsum.compile("ij,jk->ik", inputs="root")(*([None, None] if comm.rank == 0 else [x, x.T])))
 attempt("bool", lambda: DistributedArray.from_global(x > 3, "even", comm))
 attempt("bool blocks", lambda: mixed.map_blocks(lambda b: b > 3))
@@ -124,8 +122,6 @@ def test_bad_layouts_are_one_line_errors_on_every_rank(tmp_path):
                           ("with_local block", "rank 2: with_local: block of shape (1, 1), layout 2x2: 0, 1 "
                                                "gives this rank (2, 3)"),
                           ("comm", "rank 1: comm='world': expected an mpi4py communicator such as MPI.COMM_WORLD"),
-                          ("transpose", "'ij->ji' has one operand (a transpose): a pre-pass on whole arrays"),
-                          ("broadcast", "in0 ('ij'): its axis j of size 1 broadcasts against in1 (j=3)"),
                           ("root None", "rank 0: operand 0 is None: with inputs='root' rank 0 passes the whole arrays"),
                           ("bool", "from_global: an array of dtype bool: expected an integer, float or complex type"),
                           ("bool blocks", "map_blocks: blocks of dtype bool: expected an integer, float or complex")]:

@@ -32,8 +32,6 @@ for n, (eq, shapes) in enumerate(cases):
     tol = 1e-4 if dtype in (np.float32, np.complex64) else 1e-10
     inputs, result = modes[n % 3]
     prog = deinsum.compile(eq, *shapes, dtype=dtype)
-    if inputs == "local" and prog.decomposition.prepass:
-        inputs = "global"
     if tight:
         free = prog.plan(nprocs=comm.size, inputs=inputs, result=result)
         share = SLACK + free.data_share * free.dtype.itemsize

@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..footprint import ROUND_PIECES
-from ..layout import block_range
+from ..layout import Layout, block_range
 from ..redistribute import table_words
 from .exchange import ByteLog, Transfer, element_type, local_part
 from .kernels import agree_gemm_routes, array_module, contract_group, set_stream_threads, unary
@@ -241,12 +241,23 @@ class Runtime:
         start, stop = (int(v) for v in block_range(x.shape[axis], rounds, t))
         return x[(slice(None),) * axis + (slice(start, stop),)]
 
-    def unary(self, a, sub, out):
-        """A unary pre-pass step where the operand is (None stays None)."""
+    def unary(self, a, sub, out, layout):
+        """A unary pre-pass step ``sub -> out`` on this rank's block of ``layout`` (a Layout or its literal
+        ``(shape, grid, axes, partial)``; None stays None): each repeated index is split along one axis at most,
+        so the block's diagonal is that range of the other axes too."""
+        layout = layout if isinstance(layout, Layout) else Layout(*layout)
+        block = layout.block(self.rank)
+        if a is None or block is None:
+            return None
+        cut = []
+        for k, c in enumerate(sub):
+            ranges = [block[m] for m, x in enumerate(sub) if x == c]
+            lo, hi = max(r.start for r in ranges), min(r.stop for r in ranges)
+            cut.append(slice(lo - block[k].start, max(lo, hi) - block[k].start))
         if self.device is not None:
             a, = self.device.upload([a], self.clock)
         with self.clock("compute"):
-            out = None if a is None else unary(a, sub, out)
+            out = unary(a[tuple(cut)], sub, out)
             if self.device is not None:
                 self.device.synchronize()
         return out
