@@ -39,11 +39,12 @@ def test_failure_on_one_rank_aborts_cleanly(tmp_path):
     assert res.returncode != 0 and "boom" in res.stderr
 
 
-#: Every entry point that runs on MPI, then an emitted script (last: it ends MPI).
+#: Every entry point that runs on MPI, then `deinsum info`, then an emitted script (last: it ends MPI).
 MISMATCH = """
 import runpy, sys
 import numpy as np, deinsum
 from deinsum import DistributedArray
+from deinsum.cli import main
 from deinsum.errors import DeinsumError
 prog = sys.argv.pop(1)
 A = np.ones((4, 3))
@@ -59,6 +60,8 @@ for name, call in calls.items():
         print(name, "ran")
     except DeinsumError as exc:
         print(name, "raised", exc)
+main(["info"])
+sys.stdout.flush()
 deinsum.compile("ij,jk->ik", (4, 3), (3, 4)).to_script(prog, nprocs=1)
 try:
     runpy.run_path(prog, run_name="__main__")
@@ -69,8 +72,8 @@ except SystemExit as exc:
 
 def test_a_launcher_mismatch_is_one_error_at_every_entry_point(tmp_path):
     """OMPI_COMM_WORLD_SIZE=4 on a plain process (what Open MPI's mpirun sets, starting ranks that each
-    find one rank in COMM_WORLD): every entry point raises the same one-line error, an emitted script prints
-    it once and exits 2."""
+    find one rank in COMM_WORLD): every entry point raises the same one-line error, `deinsum info` shows
+    it, an emitted script prints it once and exits 2."""
     import os
     import subprocess
     import sys
@@ -91,6 +94,7 @@ def test_a_launcher_mismatch_is_one_error_at_every_entry_point(tmp_path):
     assert message.startswith("launcher mismatch: the environment says this job has several ranks "
                               "(OMPI_COMM_WORLD_SIZE=4) but MPI.COMM_WORLD has 1: mpi4py runs on ")
     assert "reinstall mpi4py" in message and "deinsum info shows which" in message
+    assert any(line == f"launcher variables: OMPI_COMM_WORLD_SIZE=4; {message}" for line in lines), lines
     assert lines[-1] == "script exit 2"
     assert [line for line in res.stderr.splitlines() if line.startswith("error:")] == [f"error: {message}"]
 
