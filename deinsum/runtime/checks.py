@@ -440,8 +440,8 @@ def launch_mismatch():
         return None
     return (f"launcher mismatch: the environment says this job has several ranks ({', '.join(more)}) but "
             f"MPI.COMM_WORLD has 1: mpi4py runs on {mpi_library()}, not on the launcher's MPI; reinstall mpi4py "
-            f"against the launcher's MPI (env MPICC=mpicc pip install --no-binary=mpi4py --force-reinstall "
-            f"mpi4py) or launch with the mpiexec of mpi4py's MPI (deinsum info shows which)")
+            f"against the launcher's MPI (env MPICC=mpicc pip install --force-reinstall --no-cache-dir "
+            f"--no-binary=mpi4py mpi4py) or launch with the mpiexec of mpi4py's MPI (deinsum info shows which)")
 
 
 def check_launch(error=ValueError):
