@@ -7,7 +7,16 @@
 """
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
+
+try:   # mpi4py loads an MPI library at import: the `mpich` extra's wheel, else the one the loader finds (the site's)
+    importlib.import_module("mpi4py.MPI")
+except RuntimeError as exc:
+    raise ImportError(f"deinsum runs on MPI and mpi4py finds no MPI library ({str(exc).splitlines()[0]}): install "
+                      f"the mpich extra (pip install 'deinsum[mpich]') to run on this machine alone, or make the "
+                      f"site's MPI found (e.g. module load openmpi) on a cluster") from exc
 
 from .darray import DistributedArray
 from .decompose import Decomposition, Step, decompose

@@ -5,12 +5,15 @@
     deinsum emit "ijk,ja,ka->ia" --size i=64,j=64,k=64,a=8 -P 8 -o prog.py
     deinsum run "ijk,ja,ka->ia" --size i=64,j=64,k=64,a=8 -n 4 --validate
     deinsum run "ijk,ja,ka->ia" --size i=512,j=512,k=512,a=24 -n 2 --device gpu
+    deinsum info --json
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,15 +59,17 @@ def shapes_from_sizes(equation: str, sizes: dict[str, int]) -> list[tuple[int, .
 
 
 def launch_command(nprocs: int, script, *args: str) -> list[str]:
-    """The command that runs ``script`` on ``nprocs`` ranks with this installation's ``mpiexec``
-    and ``python`` (they work without activating its environment).
+    """The command that runs ``script`` on ``nprocs`` ranks with this installation's ``python`` and the
+    ``mpiexec`` beside it (the ``mpich`` extra's; they work without activating the environment), else the
+    ``mpiexec`` on ``PATH`` (the site's MPI, which mpi4py should be built against).
 
     >>> cmd = launch_command(4, "prog.py", "--validate")
-    >>> cmd[1:3], cmd[4:], Path(cmd[0]).parent == Path(cmd[3]).parent
-    (['-n', '4'], ['-m', 'mpi4py', 'prog.py', '--validate'], True)
+    >>> cmd[1:3], cmd[4:]
+    (['-n', '4'], ['-m', 'mpi4py', 'prog.py', '--validate'])
     """
-    return [str(Path(sys.executable).with_name("mpiexec")), "-n", str(nprocs), sys.executable, "-m", "mpi4py",
-            str(script), *args]
+    beside = Path(sys.executable).with_name("mpiexec")
+    mpiexec = str(beside) if beside.exists() else shutil.which("mpiexec") or "mpiexec"
+    return [mpiexec, "-n", str(nprocs), sys.executable, "-m", "mpi4py", str(script), *args]
 
 
 def _has_shapes(args) -> bool:
@@ -139,6 +144,76 @@ def cmd_run(args) -> int:
             raise DeinsumError(f"mpiexec did not finish within --timeout {args.timeout} s") from None
 
 
+def info_facts(comm):
+    """Collective on ``comm``: what a bug report needs (versions; the MPI library, its launcher variables and
+    whether they match; ranks, nodes, memory per rank; BLAS, GEMM routes; GPUs), on rank 0 (None elsewhere)."""
+    import mpi4py
+    import numpy as np
+    from mpi4py import MPI
+    from threadpoolctl import threadpool_info
+    from .memory import default_memory
+    from .runtime.checks import launch_mismatch, launcher_variables, libmpi_files, mpi_library, node_place
+    from .runtime.gemm import machine_key
+    from .runtime.gpu import cuda_aware, device_name, load_cupy
+    from .runtime.kernels import gemm_libraries, gemm_routes
+    local, on_node = node_place(comm)
+    nodes = comm.gather((on_node, default_memory(on_node)) if local == 0 else None, root=0)
+    if comm.Get_rank() != 0:
+        return None
+    nodes = [n for n in nodes if n is not None]
+    try:
+        cupy = load_cupy()
+        gpus = [device_name(cupy, d) for d in range(cupy.cuda.runtime.getDeviceCount())]
+    except RuntimeError as exc:
+        gpus = str(exc)
+    return {"deinsum": __version__, "python": sys.version.split()[0], "numpy": np.__version__,
+            "mpi4py": mpi4py.__version__,
+            "mpi": {"library": mpi_library(), "library_version": MPI.Get_library_version().strip(),
+                    "standard": "MPI {}.{}".format(*MPI.Get_version()), "libmpi": libmpi_files(),
+                    "mpi4py_module": MPI.__file__, "mpi4py_config": mpi4py.get_config(), "cuda_aware": cuda_aware()},
+            "launcher": {"variables": launcher_variables(), "mismatch": launch_mismatch()},
+            "ranks": comm.Get_size(), "nodes": len(nodes), "ranks_per_node": sorted(n for n, _ in nodes),
+            "memory_per_rank": min(m for _, m in nodes),
+            "cpu": machine_key(None)["cpu"].get("model name"),
+            "blas": [{k: p.get(k) for k in ("internal_api", "version", "num_threads", "filepath")}
+                     for p in threadpool_info() if p["user_api"] == "blas"],
+            "gemm": {"libraries": gemm_libraries(), **gemm_routes()},
+            "gpus": gpus}
+
+
+def info_text(facts) -> str:
+    """:func:`info_facts` as the lines ``deinsum info`` prints."""
+    from .runtime.gpu import CUDA_AWARE
+    from .runtime.kernels import gemm_library
+    mpi, gemm, launcher = facts["mpi"], facts["gemm"], facts["launcher"]
+    blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['num_threads']} threads)" for b in facts["blas"])
+    gpus = f"none ({facts['gpus']})" if isinstance(facts["gpus"], str) else ", ".join(facts["gpus"]) or "none"
+    variables = ", ".join(f"{k}={v}" for k, v in launcher["variables"].items()) or "none"
+    memory = facts["memory_per_rank"]
+    return "\n".join([
+        f"deinsum {facts['deinsum']} (Python {facts['python']}, numpy {facts['numpy']}, mpi4py {facts['mpi4py']})",
+        f"MPI: {mpi['library']}, {mpi['standard']}, {CUDA_AWARE[mpi['cuda_aware']]}; mpi4py's module "
+        f"{Path(mpi['mpi4py_module']).name}, built with {mpi['mpi4py_config'] or 'no mpi.cfg (a wheel)'}",
+        f"launcher variables: {variables}; {launcher['mismatch'] or 'no mismatch with MPI.COMM_WORLD'}",
+        f"ranks: {facts['ranks']} on {facts['nodes']} node(s), {'/'.join(map(str, facts['ranks_per_node']))} per "
+        f"node; memory per rank: {memory:,} bytes ({memory / 2**30:.1f} GiB: the default, free memory / ranks "
+        f"on the node)",
+        f"CPU: {facts['cpu'] or 'unknown'}; BLAS libraries loaded: {blas or 'none found'}",
+        f"GEMM libraries: MKL {gemm['libraries']['mkl'] or 'not installed'}; deinsum's streaming kernels: "
+        f"{gemm['libraries']['stream'] or 'not built (or no AVX-512)'}",
+        f"GEMM routes ({gemm['why']}): {gemm_library()}",
+        f"GPUs: {gpus}"])
+
+
+def cmd_info(args) -> int:
+    """Print :func:`info_facts` on rank 0 (text, or JSON with ``--json``); collective on COMM_WORLD."""
+    from mpi4py import MPI
+    facts = info_facts(MPI.COMM_WORLD)
+    if facts is not None:
+        print(json.dumps(facts, indent=2) if args.json else info_text(facts))
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit code 2)."""
 
@@ -191,6 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     r.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                    help="where local contractions run (gpu: CuPy; inputs and result on the host, copies timed)")
+    i = sub.add_parser("info", help="versions, MPI, ranks, memory, GEMM libraries and GPUs: what a bug report needs",
+                       description="Versions, the MPI library and its launcher, ranks, memory per rank, GEMM "
+                                   "libraries and routes, GPUs; under mpiexec rank 0 prints.")
+    i.add_argument("--json", action="store_true", help="JSON data")
+    i.set_defaults(run=cmd_info)
     return parser
 
 

@@ -34,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from .runtime.checks import agree, collectively
+from .runtime.checks import agree, check_launch, collectively
 from .runtime.exchange import exchange
 from .errors import DeinsumError, as_dtype
 from .layout import Layout, pin_layout
@@ -44,7 +44,10 @@ __all__ = ["DistributedArray", "as_layout"]
 
 
 def _world(comm):
+    """The communicator of a new array (default COMM_WORLD), once the launch is checked (see
+    :func:`~deinsum.runtime.checks.check_launch`)."""
     from mpi4py import MPI
+    check_launch(DeinsumError)
     return MPI.COMM_WORLD if comm is None else comm
 
 

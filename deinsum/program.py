@@ -19,7 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .runtime.checks import agree, check_cast, check_memory, check_output_path, collectively, node_place
+from .runtime.checks import agree, check_cast, check_launch, check_memory, check_output_path, collectively
+from .runtime.checks import node_place
 from .runtime.checks import kept_on, unanimous, write_atomically
 from .emit import generate
 from .runtime.gpu import is_device_array, open_device
@@ -59,11 +60,13 @@ class RunReport:
 def call_comm(comm, arrays) -> tuple:
     """The communicator of a call (``comm``, else that of its DistributedArray operands, else COMM_WORLD) and
     a failure for every rank to agree on: a ``comm`` that is no mpi4py communicator fails on COMM_WORLD.
+    A launcher mismatch (:func:`~deinsum.runtime.checks.check_launch`) raises first.
 
     >>> call_comm("world", [])[1]
     "comm='world': expected an mpi4py communicator such as MPI.COMM_WORLD"
     """
     from mpi4py import MPI
+    check_launch(DeinsumError)
     if comm is None:
         held = [a for a in arrays if isinstance(a, DistributedArray)]
         return (held[0].comm if held else MPI.COMM_WORLD), None

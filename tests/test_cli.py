@@ -1,10 +1,14 @@
 """The `deinsum` command: help everywhere, one-line errors with exit code 2, real outputs."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import deinsum
+from mpirun import check_mpi
 
 DEINSUM = [str(Path(sys.executable).with_name("deinsum"))]
 MTTKRP = "ijk,ja,ka->ia"
@@ -16,7 +20,7 @@ def run(*args, timeout=120):
 
 
 @pytest.mark.parametrize("args", [["--help"], ["bound", "--help"], ["plan", "--help"], ["emit", "--help"],
-                                  ["run", "--help"]])
+                                  ["run", "--help"], ["info", "--help"]])
 def test_help(args):
     res = run(*args)
     assert res.returncode == 0 and "usage: deinsum" in res.stdout
@@ -97,3 +101,42 @@ def test_errors_are_one_line_exit_2(args, message):
     assert res.returncode == 2
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], res.stderr
+
+
+INFO_KEYS = {"deinsum", "python", "numpy", "mpi4py", "mpi", "launcher", "ranks", "nodes", "ranks_per_node",
+             "memory_per_rank", "cpu", "blas", "gemm", "gpus"}
+
+
+def test_info_text_and_json():
+    """`deinsum info` as a plain process: versions, MPI, one rank, memory, GEMM routes, GPUs; --json the same."""
+    env = dict(os.environ, DEINSUM_GEMM="numpy")
+    res = subprocess.run(DEINSUM + ["info"], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == ["deinsum", "MPI:", "launcher", "ranks:", "CPU:", "GEMM",
+                                                         "GEMM", "GPUs:"], lines
+    assert lines[0].startswith(f"deinsum {deinsum.__version__} (Python ") and "mpi4py 4." in lines[0]
+    assert "ranks: 1 on 1 node(s), 1 per node; memory per rank: " in res.stdout
+    assert "GEMM routes (DEINSUM_GEMM=numpy): square GEMMs" in res.stdout
+    res = subprocess.run(DEINSUM + ["info", "--json"], capture_output=True, text=True, timeout=120, env=env)
+    facts = json.loads(res.stdout)
+    assert set(facts) == INFO_KEYS and facts["ranks"] == 1 and facts["launcher"]["mismatch"] is None
+    assert set(facts["mpi"]) == {"library", "library_version", "standard", "libmpi", "mpi4py_module",
+                                 "mpi4py_config", "cuda_aware"}
+    assert facts["mpi"]["library"] in lines[1] and facts["memory_per_rank"] > 0
+    assert facts["gemm"]["routes"] == {"square": "numpy", "narrow": "numpy", "ttm": "numpy", "streamed": "numpy"}
+
+
+def test_info_and_a_run_under_mpiexec(tmp_path):
+    """Under `mpiexec -n 2` rank 0 prints one report (2 ranks on a node, the launcher's variables, no mismatch),
+    and an einsum runs as before."""
+    out = check_mpi(2, """
+        import numpy as np, deinsum
+        from deinsum.cli import main
+        A = np.arange(12.0).reshape(4, 3)
+        assert np.allclose(deinsum.einsum("ij,kj->ik", A, A), A @ A.T)
+        main(["info", "--json"])
+        """, tmp_path=tmp_path, timeout=120)
+    facts = json.loads(out)
+    assert set(facts) == INFO_KEYS and (facts["ranks"], facts["nodes"], facts["ranks_per_node"]) == (2, 1, [2])
+    assert facts["launcher"]["variables"]["PMI_SIZE"] == "2" and facts["launcher"]["mismatch"] is None

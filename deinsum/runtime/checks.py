@@ -16,6 +16,7 @@ Traceback (most recent call last):
 ValueError: operand 1: bad shape
 """
 import contextlib
+import functools
 import hashlib
 import os
 import re
@@ -389,6 +390,66 @@ def _split_place(comm):
         return node.Get_rank(), node.Get_size()
     finally:
         node.Free()
+
+
+#: Launcher variables that give a job's number of ranks: Open MPI's, PMI's (MPICH's and Intel MPI's Hydra,
+#: Slurm's pmi2), MVAPICH's, Flux's, a Slurm step's (read only inside ``srun``: SLURM_STEP_ID set).
+LAUNCH_SIZES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "FLUX_JOB_SIZE", "SLURM_STEP_NUM_TASKS")
+#: Variables that imply more than one rank where above 1 (Hydra's ranks on this node) or 0 (a PMIx rank:
+#: PMIx exports no size).
+LAUNCH_HINTS = {"MPI_LOCALNRANKS": 1, "PMIX_RANK": 0}
+
+
+def launcher_variables():
+    """The launcher variables (:data:`LAUNCH_SIZES`, :data:`LAUNCH_HINTS`) of this process's environment."""
+    step = "SLURM_STEP_ID" in os.environ
+    return {k: os.environ[k] for k in (*LAUNCH_SIZES, *LAUNCH_HINTS)
+            if k in os.environ and (step or not k.startswith("SLURM_"))}
+
+
+def mpi_library():
+    """The MPI library mpi4py runs on: the first line of ``MPI.Get_library_version()`` up to a comma, and
+    the ``libmpi`` files this process maps (where it can tell)."""
+    first = (MPI.Get_library_version().strip() or "unknown MPI").splitlines()[0]
+    name, files = _one_line(first.split(",")[0]), libmpi_files()
+    return f"{name} ({', '.join(files)})" if files else name
+
+
+def libmpi_files():
+    """The ``libmpi*`` files mapped into this process (from ``/proc/self/maps``; none where it cannot tell)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return sorted({parts[5] for parts in map(str.split, maps)
+                           if len(parts) > 5 and os.path.basename(parts[5]).startswith("libmpi")})
+    except OSError:
+        return []
+
+
+@functools.lru_cache(maxsize=None)
+def launch_mismatch():
+    """Where the launcher's variables say the job has several ranks but ``MPI.COMM_WORLD`` has one (mpi4py
+    runs on another MPI than the launcher's, so each rank starts alone), the one-line message naming them,
+    else None; once per process. A job size of 1 among them is the launcher of this MPI starting the
+    process alone (the others an outer job's, e.g. Slurm's around ``mpiexec -n 1``)."""
+    if MPI.COMM_WORLD.Get_size() > 1:
+        return None
+    seen = launcher_variables()
+    number = {k: int(v) if v.strip().isdigit() else 0 for k, v in seen.items()}
+    more = [f"{k}={seen[k]}" for k in seen if number[k] > LAUNCH_HINTS.get(k, 1)]
+    if not more or any(number[k] == 1 for k in LAUNCH_SIZES if k in seen):
+        return None
+    return (f"launcher mismatch: the environment says this job has several ranks ({', '.join(more)}) but "
+            f"MPI.COMM_WORLD has 1: mpi4py runs on {mpi_library()}, not on the launcher's MPI; reinstall mpi4py "
+            f"against the launcher's MPI (env MPICC=mpicc pip install --force-reinstall --no-cache-dir "
+            f"--no-binary=mpi4py mpi4py) or launch with the mpiexec of mpi4py's MPI (deinsum info shows which)")
+
+
+def check_launch(error=ValueError):
+    """Raise ``error`` with :func:`launch_mismatch`'s message where there is one: every entry point that runs
+    on MPI calls it first (nothing to agree on: a mismatch leaves each process alone in its COMM_WORLD)."""
+    message = launch_mismatch()
+    if message:
+        raise error(message)
 
 
 def check_memory(needed, limit, where, rank, error=ValueError):

@@ -17,7 +17,7 @@ from ..footprint import peak_bytes
 from ..layout import Layout
 from ..redistribute import rank_tables
 from ..memory import as_bytes, default_memory
-from .checks import agree, check_memory, check_output_path, collectively, load_npy, matches, max_error
+from .checks import agree, check_launch, check_memory, check_output_path, collectively, load_npy, matches, max_error
 from .checks import node_place
 from .checks import save_atomically, validation_operands
 from .kernels import reference_einsum
@@ -98,6 +98,7 @@ def script_main(ns, argv=None):
     operands, failure = None, None
     node_ranks = node_place(comm)[1]   # collective, so before anything that may raise
     try:
+        check_launch(ProgramError)
         if comm.size != ns["NPROCS"]:
             raise ProgramError(f"this program was planned for {ns['NPROCS']} ranks, not {comm.size}: "
                                f"run mpiexec -n {ns['NPROCS']} or emit it again")

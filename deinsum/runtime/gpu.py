@@ -22,17 +22,18 @@ Where the result ends is :meth:`Device.place`'s choice: on the GPU for callers
 whose inputs were already there (CuPy arrays), else on the host.
 """
 import ctypes
-import os
 
 from mpi4py import MPI
 
-from .checks import collectively, kept_on, node_place
+from .checks import collectively, kept_on, libmpi_files, node_place
 from .kernels import contract_group
 
 
 #: ``{(device id, subscripts, output, shapes, dtypes): (winner, seconds by candidate)}``: the local
 #: contraction each block shape runs, measured once per process (:meth:`Device.contract`).
 CHOICES = {}
+#: What :func:`cuda_aware`'s answers say.
+CUDA_AWARE = {True: "CUDA-aware", False: "not CUDA-aware", None: "CUDA-awareness unknown"}
 #: Timed runs per candidate when a shape is first seen (the fastest counts): a library's first calls at a
 #: new shape (plans, handles) are slower than its steady state.
 CHOICE_TRIALS = 3
@@ -65,23 +66,23 @@ def load_cupy(error=RuntimeError):
 
 def cuda_aware():
     """Whether the MPI library says it takes CUDA device buffers: mpi4py's ``MPI.Query_cuda_support``
-    where it has one, else ``MPIX_Query_cuda_support`` of the loaded libmpi (MPICH, Open MPI); False
+    where it has one, else ``MPIX_Query_cuda_support`` of the loaded libmpi (MPICH, Open MPI); None
     where neither answers."""
     query = getattr(MPI, "Query_cuda_support", None)
     if query is not None:
         return bool(query())
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {parts[5] for parts in map(str.split, maps)
-                     if len(parts) > 5 and os.path.basename(parts[5]).startswith("libmpi")}
-    except OSError:
-        return False
-    for path in sorted(paths):
+    for path in libmpi_files():
         function = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support", None)
         if function is not None:
             function.restype = ctypes.c_int
             return bool(function())
-    return False
+    return None
+
+
+def device_name(cupy, device):
+    """The name of CUDA ``device`` (its properties' ``name``)."""
+    name = cupy.cuda.runtime.getDeviceProperties(device)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 class Device:
@@ -97,12 +98,11 @@ class Device:
         self.id = local_rank % count
         self.sharing = len(range(self.id, max(local_size, local_rank + 1), count))
         self.cp.cuda.Device(self.id).use()
-        name = self.cp.cuda.runtime.getDeviceProperties(self.id)["name"]
-        self.name = name.decode() if isinstance(name, bytes) else str(name)
+        self.name = device_name(self.cp, self.id)
         self.cuda_aware = cuda_aware()
 
     def __str__(self):
-        return f"GPU {self.id} ({self.name}), MPI {'CUDA-aware' if self.cuda_aware else 'not CUDA-aware'}"
+        return f"GPU {self.id} ({self.name}), MPI {CUDA_AWARE[self.cuda_aware]}"
 
     def check_memory(self, need, error=RuntimeError):
         """Raise ``error`` unless ``need`` bytes fit this rank's share of the GPU's free memory (free plus
