@@ -34,6 +34,7 @@ from typing import Callable
 
 import numpy as np
 
+from .darray_numpy import NumpyProtocols
 from .runtime.checks import agree, check_launch, collectively
 from .runtime.exchange import exchange
 from .errors import DeinsumError, as_dtype
@@ -105,10 +106,11 @@ def _agreed_blocks(comm, local, default, what: str) -> tuple:
     return (None if local is None else local.astype(dtype, copy=False)), dtype
 
 
-class DistributedArray:
+class DistributedArray(NumpyProtocols):
     """This rank's ``local`` block (None where it holds nothing) of a global tensor laid out by ``layout``
     on ``comm``. Build one with :meth:`from_global`, :meth:`scatter`, :meth:`from_blocks` or :meth:`full` (also empty);
-    the constructor itself trusts its arguments."""
+    the constructor itself trusts its arguments. numpy's functions, ufuncs and operators run on it
+    distributed (:mod:`deinsum.darray_numpy`)."""
 
     __slots__ = ("local", "layout", "comm", "dtype")
 

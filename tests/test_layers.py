@@ -25,7 +25,7 @@ LAYERS = [
     ["deinsum.schedule", "deinsum.footprint"],  # typed schedule entries, a plan's peak memory per rank
     ["deinsum.plan", "deinsum.runtime"],     # the one immutable Plan; beside it the run-time wing
     ["deinsum.emit"],                        # the script generator
-    ["deinsum.darray"],                      # distributed arrays (layouts + the exchange)
+    ["deinsum.darray_numpy", "deinsum.darray"],  # distributed arrays (layouts + the exchange), numpy's protocols
     ["deinsum.program"],                     # the compiled program
     ["deinsum.sequence"],                    # plans for a repeated sequence of programs
     ["deinsum", "deinsum.cli"],              # the API and the command line
