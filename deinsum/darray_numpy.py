@@ -126,11 +126,10 @@ def _operands(name: str, *operands) -> dict:
     return {f"{name} operand {n}": described(x) for n, x in enumerate(operands)}
 
 
-def _values(x, what: str):
-    """``x``, or a DeinsumError if it holds partial sums (redistribute those to a layout first)."""
+def _refuse_partial(x, what: str) -> None:
+    """A DeinsumError if ``x`` holds partial sums (redistribute those to a layout first)."""
     if x.layout.partial:
         raise DeinsumError(f"{what}: {x!r} holds partial sums; redistribute it to a layout first")
-    return x
 
 
 def _blocks_of(plain, like):
@@ -170,7 +169,7 @@ def _no_out(what: str, out, **unsupported):
 
 def _einsum(*operands, out=None, **kwargs):
     """``np.einsum``: ``deinsum.einsum`` with numpy's ``dtype``, ``order``, ``casting`` (``optimize`` ignored)."""
-    collectively(_comm(operands), _no_out, "np.einsum", out, error=DeinsumError)
+    collectively(_comm(operands + (out,)), _no_out, "np.einsum", out, error=DeinsumError)
     kwargs.pop("optimize", None)
     return _whole(_EINSUM[0](*operands, **kwargs))
 
@@ -287,7 +286,7 @@ def _vdot(a, b):
             raise DeinsumError(f"np.vdot: sizes {np.size(a)} and {np.size(b)} differ")
         for x in (a, b):
             if isinstance(x, NumpyProtocols):
-                _values(x, "np.vdot")
+                _refuse_partial(x, "np.vdot")
                 if x.shape != first.shape:
                     raise DeinsumError(f"np.vdot: distributed shapes {a.shape} and {b.shape} differ")
         return None, _operands("np.vdot", a, b)
@@ -303,7 +302,7 @@ def _norm(x, ord=None, axis=None, keepdims=False):
     """``np.linalg.norm``: the Frobenius norm of the whole array (``ord`` None, ``'fro'`` of a matrix, 2 of a
     vector), a numpy scalar of numpy's type on every rank."""
     def check():
-        _values(x, "np.linalg.norm")
+        _refuse_partial(x, "np.linalg.norm")
         whole = axis is None or sorted(normalize_axis_tuple(axis, x.ndim)) == list(range(x.ndim))
         frobenius = ord is None or (ord == "fro" and x.ndim == 2) or (ord == 2 and x.ndim == 1)
         if not (whole and frobenius and not keepdims):
@@ -339,7 +338,7 @@ def _elementwise(ufunc, method, inputs, kwargs):
             raise DeinsumError(f"{name}: {', '.join(sorted(kwargs))} not supported on DistributedArrays")
         for x in inputs:
             if isinstance(x, NumpyProtocols):
-                _values(x, name)
+                _refuse_partial(x, name)
                 if x.shape != lead.shape or MPI.Comm.Compare(x.comm, lead.comm) not in (MPI.IDENT, MPI.CONGRUENT):
                     raise DeinsumError(f"{name}: {lead!r} and {x!r}: distributed operands need one shape and "
                                        f"one communicator")

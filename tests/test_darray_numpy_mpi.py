@@ -82,35 +82,40 @@ def error(label, call):
         print(f"ERROR {label} | " + (mine if same else f"DIFFER {every}"), flush=True)
 
 
-# ---- einsum-like (each kind of call in several layouts, every layout kind in each family) -------------------
+def one_of(family, k, *cases):
+    """Check the (k mod n)-th of the n ``(label, call, want)`` cases: each kind of call meets other layouts as k
+    runs."""
+    label, call, want = cases[k % len(cases)]
+    check(family, f"{label}{k}", call, want)
+
+
+# ---- einsum-like ---------------------------------------------------------------------------------------
 X, B, C = real(7, 5, 4), real(5, 3), real(4, 3)
 A, W, Z = real(6, 5), real(5, 4), cplx(4, 5)
 T, U = real(3, 6, 5), real(3, 5, 4)
 for k in range(6):
     x, c, a, w, v = dist(X, k), dist(C, k + 1), dist(A, k), dist(W, k + 2), dist(W[:, 0], k + 3)
     check("einsum", f"mttkrp{k}", lambda: np.einsum("ijk,ja,ka->ia", x, B, c), np.einsum("ijk,ja,ka->ia", X, B, C))
-    [lambda: check("einsum", f"interleaved{k}", lambda: np.einsum(a, [0, 1], w, [1, 2], [0, 2], optimize=True), A @ W),
-     lambda: check("einsum", f"scalar{k}", lambda: np.einsum("ij,ij->", a, A), np.einsum("ij,ij->", A, A)),
-     lambda: check("einsum", f"complex{k}", lambda: np.einsum("ij,kj->ik", dist(Z, k), dist(Z.conj(), k + 1),
-                                                             dtype=np.complex128), Z @ Z.conj().T)][k % 3]()
-    [lambda: check("tensordot", f"int{k}", lambda: np.tensordot(x, c, axes=1), np.tensordot(X, C, axes=1)),
-     lambda: check("tensordot", f"pairs{k}", lambda: np.tensordot(x, B, axes=([1], [0])),
-                   np.tensordot(X, B, axes=([1], [0]))),
-     lambda: check("tensordot", f"plain-left{k}", lambda: np.tensordot(X[:, :, :1], x, axes=([0, 1], [0, 1])),
-                   np.tensordot(X[:, :, :1], X, axes=([0, 1], [0, 1]))),
-     lambda: check("tensordot", f"all{k}", lambda: np.tensordot(x, x, axes=3), np.tensordot(X, X, axes=3))][k % 4]()
-    [lambda: check("matmul", f"2d{k}", lambda: a @ w, A @ W),
-     lambda: check("matmul", f"plain-left{k}", lambda: A.T @ a, A.T @ A),
-     lambda: check("matmul", f"vector{k}", lambda: a @ W[:, 0], A @ W[:, 0]),
-     lambda: check("matmul", f"vector-left{k}", lambda: v @ w, W[:, 0] @ W),
-     lambda: check("matmul", f"dot{k}", lambda: np.matmul(v, v), W[:, 0] @ W[:, 0]),
-     lambda: check("matmul", f"batched{k}", lambda: dist(T, k) @ dist(U, k + 3), T @ U)][k]()
+    one_of("einsum", k, ("interleaved", lambda: np.einsum(a, [0, 1], w, [1, 2], [0, 2], optimize=True), A @ W),
+           ("scalar", lambda: np.einsum("ij,ij->", a, A), np.einsum("ij,ij->", A, A)),
+           ("complex", lambda: np.einsum("ij,kj->ik", dist(Z, k), dist(Z.conj(), k + 1), dtype=np.complex128),
+            Z @ Z.conj().T))
+    one_of("tensordot", k, ("int", lambda: np.tensordot(x, c, axes=1), np.tensordot(X, C, axes=1)),
+           ("pairs", lambda: np.tensordot(x, B, axes=([1], [0])), np.tensordot(X, B, axes=([1], [0]))),
+           ("plain-left", lambda: np.tensordot(X[:, :, :1], x, axes=([0, 1], [0, 1])),
+            np.tensordot(X[:, :, :1], X, axes=([0, 1], [0, 1]))),
+           ("all", lambda: np.tensordot(x, x, axes=3), np.tensordot(X, X, axes=3)))
+    one_of("matmul", k, ("2d", lambda: a @ w, A @ W), ("plain-left", lambda: A.T @ a, A.T @ A),
+           ("vector", lambda: a @ W[:, 0], A @ W[:, 0]), ("vector-left", lambda: v @ w, W[:, 0] @ W),
+           ("dot", lambda: np.matmul(v, v), W[:, 0] @ W[:, 0]),
+           ("batched", lambda: dist(T, k) @ dist(U, k + 3), T @ U))
 check("matmul", "batched-plain", lambda: dist(T, 2) @ W, T @ W)
 check("einsum", "dtype", lambda: np.einsum("ij,jk->ik", dist(A, 0), W, dtype=np.float32, casting="same_kind"),
       np.einsum("ij,jk->ik", A, W, dtype=np.float32, casting="same_kind"))
 
 # ---- reductions and transposes on blocks ------------------------------------------------------------------
 I = rng.integers(-5, 5, (6, 4, 5)).astype(np.int32)
+F = X.astype(np.float32)
 AXES = [None, 0, -1, (0, 2), 1, (2, 0)]
 for k in range(6):
     x, i, s = dist(X, k), dist(I, k + 1), dist(A[:5], k)
@@ -120,37 +125,35 @@ for k in range(6):
     check("trace", f"2d{k}", lambda: np.trace(s, offset=1 - k), np.trace(A[:5], offset=1 - k))
     check("trace", f"3d{k}", lambda: np.trace(x if k % 2 else i, offset=k % 3 - 1, axis1=2, axis2=k % 2),
           np.trace(X if k % 2 else I, offset=k % 3 - 1, axis1=2, axis2=k % 2))
-    check("transpose", f"axes{k}", lambda: np.transpose(x, [None, (1, 0, 2), (2, 0, 1)][k % 3]) + 1,
-          np.transpose(X, [None, (1, 0, 2), (2, 0, 1)][k % 3]) + 1)
+    order = [None, (1, 0, 2), (2, 0, 1)][k % 3]
+    check("transpose", f"axes{k}", lambda: np.transpose(x, order) + 1, np.transpose(X, order) + 1)
     check("transpose", f"T{k}", lambda: dist(A, k).T @ dist(A, k + 1), A.T @ A)
-    [lambda: check("vdot", f"same{k}", lambda: np.vdot(x, x), np.vdot(X, X)),
-     lambda: check("vdot", f"layouts{k}", lambda: np.vdot(dist(Z, k), dist(Z * 2j, k + 1)), np.vdot(Z, Z * 2j)),
-     lambda: check("vdot", f"plain-right{k}", lambda: np.vdot(dist(Z, k), Z.ravel()[::-1]), np.vdot(Z, Z.ravel()[::-1])),
-     lambda: check("vdot", f"plain-left{k}", lambda: np.vdot(Z * 1j, dist(Z, k)), np.vdot(Z * 1j, Z))][k % 4]()
-    [lambda: check("norm", f"3d{k}", lambda: np.linalg.norm(x), np.linalg.norm(X)),
-     lambda: check("norm", f"fro{k}", lambda: np.linalg.norm(dist(Z, k), "fro"), np.linalg.norm(Z, "fro")),
-     lambda: check("norm", f"vector{k}", lambda: np.linalg.norm(dist(W[0], k), ord=2, axis=0),
-                   np.linalg.norm(W[0], ord=2, axis=0)),
-     lambda: check("norm", f"float32-{k}", lambda: np.linalg.norm(dist(X.astype(np.float32), k)),
-                   np.linalg.norm(X.astype(np.float32)))][k % 4]()
+    one_of("vdot", k, ("same", lambda: np.vdot(x, x), np.vdot(X, X)),
+           ("layouts", lambda: np.vdot(dist(Z, k), dist(Z * 2j, k + 1)), np.vdot(Z, Z * 2j)),
+           ("plain-right", lambda: np.vdot(dist(Z, k), Z.ravel()[::-1]), np.vdot(Z, Z.ravel()[::-1])),
+           ("plain-left", lambda: np.vdot(Z * 1j, dist(Z, k)), np.vdot(Z * 1j, Z)))
+    one_of("norm", k, ("3d", lambda: np.linalg.norm(x), np.linalg.norm(X)),
+           ("fro", lambda: np.linalg.norm(dist(Z, k), "fro"), np.linalg.norm(Z, "fro")),
+           ("vector", lambda: np.linalg.norm(dist(W[0], k), ord=2, axis=0), np.linalg.norm(W[0], ord=2, axis=0)),
+           ("float32-", lambda: np.linalg.norm(dist(F, k)), np.linalg.norm(F)))
 
 # ---- elementwise --------------------------------------------------------------------------------------------
 Y = real(7, 5, 4)
 for k in range(6):
     x, y, y2 = dist(X, k), dist(Y, k), dist(Y, k + 1)
     check("elementwise", f"layouts{k}", lambda: (x * y2).layout == x.layout and x * y2 + y, X * Y + Y)
-    [lambda: check("elementwise", f"scalars{k}", lambda: 2 - x / 3.0 + np.float64(1) ** x, 2 - X / 3.0 + 1.0 ** X),
-     lambda: check("elementwise", f"ufuncs{k}", lambda: (x ** 2 - abs(-y)) / np.sqrt(np.exp(y2)),
-                   (X ** 2 - abs(-Y)) / np.sqrt(np.exp(Y))),
-     lambda: check("elementwise", f"compare{k}", lambda: x < y, X < Y)][k % 3]()
-    [lambda: check("elementwise", f"plain-full{k}", lambda: x - Y, X - Y),
-     lambda: check("elementwise", f"plain-row{k}", lambda: Y[0, 0] * x + Y[0], Y[0, 0] * X + Y[0]),
-     lambda: check("elementwise", f"zero-d{k}", lambda: np.maximum(np.array(0.5), x), np.maximum(0.5, X))][k % 3]()
-    [lambda: check("elementwise", f"int{k}", lambda: dist(I, k) * 3 + dist(I, k + 2) // 2, I * 3 + I // 2),
-     lambda: check("elementwise", f"complex{k}", lambda: np.conj(dist(Z, k)) * 1j, np.conj(Z) * 1j),
-     lambda: check("elementwise", f"divmod{k}", lambda: np.divmod(dist(I, k), 3)[0] * 10 + np.divmod(dist(I, k), 3)[1],
-                   np.divmod(I, 3)[0] * 10 + np.divmod(I, 3)[1])][k % 3]()
+    one_of("elementwise", k, ("scalars", lambda: 2 - x / 3.0 + np.float64(1) ** x, 2 - X / 3.0 + 1.0 ** X),
+           ("ufuncs", lambda: (x ** 2 - abs(-y)) / np.sqrt(np.exp(y2)), (X ** 2 - abs(-Y)) / np.sqrt(np.exp(Y))),
+           ("compare", lambda: x < y, X < Y))
+    one_of("elementwise", k, ("plain-full", lambda: x - Y, X - Y),
+           ("plain-row", lambda: Y[0, 0] * x + Y[0], Y[0, 0] * X + Y[0]),
+           ("zero-d", lambda: np.maximum(np.array(0.5), x), np.maximum(0.5, X)))
+    one_of("elementwise", k, ("int", lambda: dist(I, k) * 3 + dist(I, k + 2) // 2, I * 3 + I // 2),
+           ("complex", lambda: np.conj(dist(Z, k)) * 1j, np.conj(Z) * 1j),
+           ("divmod", lambda: np.divmod(dist(I, k), 3)[0] * 10 + np.divmod(dist(I, k), 3)[1],
+            np.divmod(I, 3)[0] * 10 + np.divmod(I, 3)[1]))
 check("elementwise", "dtype", lambda: np.add(dist(I, 0), 1, dtype=np.float32), np.add(I, 1, dtype=np.float32))
+check("sum", "bool", lambda: np.sum(dist(X, 1) < dist(Y, 4), axis=(0, 2)), np.sum(X < Y, axis=(0, 2)))
 got = np.array(dist(X, 3), dtype=np.float32)
 ok = isinstance(got, np.ndarray) and got.dtype == np.float32 and np.array_equal(got, X.astype(np.float32))
 x = dist(X, 1)
