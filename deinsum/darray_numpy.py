@@ -217,7 +217,7 @@ def _matmul(a, b, out=None, dtype=None, casting="same_kind", **unsupported):
                     + stacked + ("i" if len(shape_a) > 1 else "") + ("k" if len(shape_b) > 1 else ""))
         return equation, {"np.matmul": equation} | _operands("np.matmul", a, b)
 
-    equation = _settled(_comm((a, b)), check)
+    equation = _settled(_comm((a, b) + tuple(out or ())), check)
     options = {} if dtype is None else {"dtype": dtype}
     return _whole(_EINSUM[0](equation, a, b, casting=casting, **options))
 
@@ -251,11 +251,11 @@ def _trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
         return (first, second, int(offset), kind), {"np.trace axes": (first, second), "offset": int(offset),
                                                      "dtype": kind.str, **_operands("np.trace", a)}
 
-    first, second, offset_, kind = _settled(a.comm, check)
+    first, second, diagonal, kind = _settled(a.comm, check)
     lay, block = a.layout, a.block
     local = None
     if block is not None:   # the global diagonal a[i, i + offset] is the block's a[l, l + local offset]
-        shift = offset_ + block[first].start - block[second].start
+        shift = diagonal + block[first].start - block[second].start
         local = np.trace(a.local, offset=shift, axis1=first, axis2=second, dtype=kind)
     kept = [x for x in range(a.ndim) if x not in (first, second)]
     summed = lay.axis_dims(first) + lay.axis_dims(second)
@@ -324,10 +324,12 @@ _FUNCTIONS = {np.einsum: _einsum, np.tensordot: _tensordot, np.sum: _sum, np.tra
 # ---- elementwise ufuncs ---------------------------------------------------------------------------------
 
 def _elementwise(ufunc, method, inputs, kwargs):
-    """``ufunc(*inputs)`` block by block in the first distributed operand's layout."""
-    lead = next(a for a in inputs if isinstance(a, NumpyProtocols))
-    name = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
+    """``ufunc(*inputs)`` block by block in the first distributed operand's layout (plain operands: arrays,
+    as numpy takes lists, or scalars)."""
     out, where = kwargs.pop("out", None), kwargs.pop("where", None)
+    inputs = tuple(x if isinstance(x, NumpyProtocols) or np.ndim(x) == 0 else np.asarray(x) for x in inputs)
+    lead = next(a for a in inputs + tuple(out or ()) if isinstance(a, NumpyProtocols))
+    name = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
 
     def check():
         from mpi4py import MPI

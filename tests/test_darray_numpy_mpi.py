@@ -153,6 +153,7 @@ for k in range(6):
            ("divmod", lambda: np.divmod(dist(I, k), 3)[0] * 10 + np.divmod(dist(I, k), 3)[1],
             np.divmod(I, 3)[0] * 10 + np.divmod(I, 3)[1]))
 check("elementwise", "dtype", lambda: np.add(dist(I, 0), 1, dtype=np.float32), np.add(I, 1, dtype=np.float32))
+check("elementwise", "list", lambda: dist(X, 2) + Y[0, 0].tolist(), X + Y[0, 0])
 check("sum", "bool", lambda: np.sum(dist(X, 1) < dist(Y, 4), axis=(0, 2)), np.sum(X < Y, axis=(0, 2)))
 got = np.array(dist(X, 3), dtype=np.float32)
 ok = isinstance(got, np.ndarray) and got.dtype == np.float32 and np.array_equal(got, X.astype(np.float32))
