@@ -163,9 +163,12 @@ ok = comm.allreduce(int(ok), op=MPI.MIN)
 if rank == 0:
     print(f"CHECK asarray float32-and-metadata {'ok' if ok else 'FAIL'}", flush=True)
 
-# one-operand einsums on blocks (a pre-pass the planner may not take yet)
-check("einsum1", "sum", lambda: np.einsum("ijk->i", dist(X, 0)), np.einsum("ijk->i", X))
-check("einsum1", "trace", lambda: np.einsum("ii->", dist(A[:5], 0)), np.trace(A[:5]))
+# one-operand einsums: pre-passes on blocks
+for k in range(3):
+    check("einsum", f"sum{k}", lambda: np.einsum("ijk->i", dist(X, k)), np.einsum("ijk->i", X))
+    check("einsum", f"trace{k}", lambda: np.einsum("ii->", dist(A[:5], k + 3)), np.trace(A[:5]))
+    check("einsum", f"diagonal{k}", lambda: np.einsum("iji->ji", dist(X[:4, :, :4], k + 1)),
+          np.einsum("iji->ji", X[:4, :, :4]))
 
 # ---- errors: the same one line on every rank -------------------------------------------------------------
 x, i = dist(X, 0), dist(I, 0)
@@ -247,14 +250,6 @@ def test_numpy_functions_on_distributed_arrays_equal_numpy(family, nprocs, tmp_p
 @pytest.mark.parametrize("nprocs", P_RUNS)
 def test_readme_example_runs_as_printed(nprocs, tmp_path_factory):
     assert "README ok" in run(nprocs, tmp_path_factory)
-
-
-@pytest.mark.xfail(strict=False, reason="one-operand sums and traces on blocks wait for the planner's pre-passes "
-                                        "(issue 26 items 1-2)")
-@pytest.mark.parametrize("nprocs", P_RUNS)
-def test_one_operand_einsums_on_distributed_arrays(nprocs, tmp_path_factory):
-    found = lines(run(nprocs, tmp_path_factory), "CHECK einsum1 ")
-    assert found and all(line.endswith(" ok") for line in found), "\n".join(found)
 
 
 ERRORS = {
