@@ -29,7 +29,8 @@ from .version import __version__
 
 #: The package files (under deinsum/) an emitted script carries, byte for byte.
 RUNTIME = ("errors.py", "memory.py", "layout.py", "redistribute.py", "footprint.py", "runtime/__init__.py",
-           "runtime/exchange.py", "runtime/kernels.py", "runtime/gemm.py", "runtime/checks.py", "runtime/gpu.py",
+           "runtime/exchange.py", "runtime/libraries.py", "runtime/cost.py", "runtime/gemm.py", "runtime/blas.py",
+           "runtime/mttkrp.py", "runtime/ttm.py", "runtime/kernels.py", "runtime/checks.py", "runtime/gpu.py",
            "runtime/runner.py", "runtime/driver.py")
 #: What the driver (and the test harness that runs a script's own code) takes from the runtime.
 ENTRY = ("exit_with", "script_main", "script_runtime", "validation_operands")

@@ -24,7 +24,8 @@ from .runtime.checks import node_place
 from .runtime.checks import kept_on, unanimous, write_atomically
 from .emit import generate
 from .runtime.gpu import is_device_array, open_device
-from .runtime.kernels import contract_pair, gemm_library, group_strategy, unary
+from .runtime.blas import gemm_library
+from .runtime.kernels import contract_pair, group_strategy, unary
 from .runtime.runner import Runtime, pin_blas_threads
 from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose

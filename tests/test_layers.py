@@ -152,3 +152,9 @@ def test_runtime_modules_are_standalone():
                 assert all(".".join(base + [t]) in carried for t in targets), (path, ast.dump(node))   # carried
             elif isinstance(node, ast.ImportFrom):
                 assert node.module.split(".")[0] in allowed, (path, ast.dump(node))
+
+
+def test_no_runtime_module_is_over_500_lines():
+    """The run-time wing is split by concern: none of its modules grows past 500 lines."""
+    lengths = {path.name: len(path.read_text().splitlines()) for path in (PACKAGE / "runtime").glob("*.py")}
+    assert len(lengths) > 10 and max(lengths.values()) <= 500, sorted(lengths.items(), key=lambda kv: -kv[1])[:3]

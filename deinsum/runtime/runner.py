@@ -27,7 +27,9 @@ from ..footprint import ROUND_PIECES
 from ..layout import Layout, block_range
 from ..redistribute import table_words
 from .exchange import ByteLog, Transfer, element_type, local_part
-from .kernels import agree_gemm_routes, array_module, contract_group, set_stream_threads, unary
+from .blas import agree_gemm_routes, set_stream_threads
+from .kernels import contract_group, unary
+from .libraries import array_module
 
 PHASES = ("distribute", "compute", "reduce", "redistribute", "gather", "host_to_device", "device_to_host")
 
