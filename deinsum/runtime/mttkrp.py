@@ -80,8 +80,8 @@ def strategy(subs, out, sizes, mkl, itemsize, stream):
 def _seconds(dims, axes, nr, variant, itemsize, stream):
     """Modeled seconds of an MTTKRP variant (s, e, orient, block, on_mkl) on X of ``dims`` summed over
     ``axes``: the GEMM and Hadamard-sum in one pass of the streaming kernels where ``_fusion`` runs it
-    (with ``stream``: float64 on the CPU), else the GEMM (``MTTKRP_FIT`` of its library) and the
-    elementwise passes.
+    (with ``stream``: float64 on the CPU), else the GEMM (on the streaming kernels where they take it, else
+    ``MTTKRP_FIT`` of its library) and the elementwise passes.
 
     >>> round(1e3 * _seconds((256,) * 3, [0, 1], 24, (1, 2, "cols", 24, True), 8, False), 1)   # MKL
     12.9
@@ -104,6 +104,8 @@ def _seconds(dims, axes, nr, variant, itemsize, stream):
         where = 2   # MKL's batched KR^T X runs as fast as over middle modes only while a slab of X fits in L2
     fit = MTTKRP_FIT[on_mkl]
     gemm = gemm_seconds(*shape, short=fit[:3]) / fit[3 + 3 * (orient == "cols") + where]
+    if stream and not on_mkl and _variant_streams(dims, s, e, orient, block):   # the GEMM on the streaming kernels
+        gemm = 2.0 * a * k * b * chunks * -(-block // 8) * 8 / FUSED_RATE[orient]
     return gemm + ELEM * ((k + a * b + rest) * nr + (a * b * nr / 4 if rest > 1 else 0))
 
 
