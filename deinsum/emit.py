@@ -27,11 +27,13 @@ from .runtime.bundle import pack, package_name
 from .schedule import Move, Prepass
 from .version import __version__
 
-#: The package files (under deinsum/) an emitted script carries, byte for byte.
+#: The package files (under deinsum/) an emitted script carries, byte for byte (one emitted for the GPU also
+#: carries :data:`GPU_RUNTIME`).
 RUNTIME = ("errors.py", "memory.py", "layout.py", "redistribute.py", "footprint.py", "runtime/__init__.py",
            "runtime/exchange.py", "runtime/libraries.py", "runtime/cost.py", "runtime/gemm.py", "runtime/blas.py",
-           "runtime/mttkrp.py", "runtime/ttm.py", "runtime/kernels.py", "runtime/checks.py", "runtime/gpu.py",
-           "runtime/runner.py", "runtime/driver.py")
+           "runtime/mttkrp.py", "runtime/ttm.py", "runtime/kernels.py", "runtime/checks.py", "runtime/runner.py",
+           "runtime/driver.py")
+GPU_RUNTIME = ("runtime/gpu.py",)
 #: What the driver (and the test harness that runs a script's own code) takes from the runtime.
 ENTRY = ("exit_with", "script_main", "script_runtime", "validation_operands")
 #: The line that opens the runtime's part of a script.
@@ -47,21 +49,26 @@ def _name(name: str) -> str:
     return name
 
 
-@lru_cache(maxsize=1)
-def runtime_payload() -> str:
-    """The :data:`RUNTIME` files as one payload (:func:`deinsum.runtime.bundle.pack`; read once per process)."""
-    return pack({path: (_PACKAGE / path).read_text() for path in RUNTIME})
+def runtime_files(device: str = "cpu") -> tuple[str, ...]:
+    """The package files a script emitted for ``device`` carries."""
+    return RUNTIME + (GPU_RUNTIME if device == "gpu" else ())
+
+
+@lru_cache(maxsize=2)
+def runtime_payload(device: str = "cpu") -> str:
+    """The :func:`runtime_files` as one payload (:func:`deinsum.runtime.bundle.pack`; read once per process)."""
+    return pack({path: (_PACKAGE / path).read_text() for path in runtime_files(device)})
 
 
 def runtime_part(device: str = "cpu") -> str:
     """The script's runtime: :mod:`deinsum.runtime.bundle` verbatim, the payload, its installation and the
     imports of the entry points (and, with ``device='gpu'``, of ``open_device``)."""
-    payload = runtime_payload()
+    payload, files = runtime_payload(device), runtime_files(device)
     package = package_name(payload)
     width = 100
     chunks = "\n".join(f'    "{payload[k:k + width]}"' for k in range(0, len(payload), width))
     lines = [RUNTIME_MARK, f"# deinsum {__version__}'s package files, byte for byte (LZMA, base85) in RUNTIME:",
-             *(f"#   {', '.join(RUNTIME[k:k + 6])}" for k in range(0, len(RUNTIME), 6)),
+             *(f"#   {', '.join(files[k:k + 6])}" for k in range(0, len(files), 6)),
              f"# imported from there as the package {package} by the code of runtime/bundle.py, verbatim:",
              (_PACKAGE / "runtime" / "bundle.py").read_text().rstrip("\n"),
              "", "", f"RUNTIME = (\n{chunks}\n)",

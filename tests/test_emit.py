@@ -15,7 +15,7 @@ import pytest
 import deinsum
 from deinsum.footprint import SLACK
 from deinsum import DeinsumError
-from deinsum.emit import RUNTIME, RUNTIME_MARK, generate
+from deinsum.emit import RUNTIME_MARK, generate, runtime_files
 from deinsum.runtime.bundle import package_name, unpack
 from mpirun import run_mpi_script
 from random_cases import random_einsums
@@ -296,7 +296,9 @@ def test_the_runtime_is_carried_byte_for_byte_and_tracebacks_name_its_files():
     under deinsum/ and the line of that file."""
     text = generate(deinsum.compile("ij,jk->ik", (4, 3), (3, 2)).plan(nprocs=2))
     payload = payload_of(text)
-    assert unpack(payload) == {path: (PACKAGE / path).read_text() for path in RUNTIME}
+    assert unpack(payload) == {path: (PACKAGE / path).read_text() for path in runtime_files("cpu")}
+    gpu = payload_of(generate(deinsum.compile("ij,jk->ik", (4, 3), (3, 2)).plan(nprocs=2), device="gpu"))
+    assert unpack(gpu) == {path: (PACKAGE / path).read_text() for path in runtime_files("gpu")}
     module = types.ModuleType("emitted_tb")
     exec(compile(text, "script", "exec"), module.__dict__)
     redistribute = importlib.import_module(package_name(payload) + ".redistribute")
