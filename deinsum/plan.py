@@ -40,6 +40,9 @@ MAX_PARTITIONS = 16
 GRIDS_PER_GROUP = 6
 #: ... and the partial plans kept after each group (beam search).
 BEAM_WIDTH = 6
+#: The search plans again, at most this many times, with less memory where the chosen plan, modeled on every
+#: rank, peaks above the memory that the sample ranks fitted.
+REPLANS = 2
 #: The search models this many sample ranks (all of them up to this count); the chosen plan is
 #: modeled on every rank.
 SEARCH_RANKS = 256
@@ -768,23 +771,28 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
 
     planner = _Planner(d, nprocs, starts, first, finish, memory // dtype.itemsize - SLACK // dtype.itemsize,
                        tuple(raw.values()))
-    scored = []
-    for candidate in analysis.candidates[:MAX_PARTITIONS]:
-        state = planner.search(candidate.partition)
-        scored.append((state.key(), candidate.partition, state))
-    scored.sort(key=lambda t: (t[0], t[1]))
-    best = planner.assemble(scored[0][2])
-    entry = {**{n: s for n, s in starts.items() if s is not None}, **dict(best.entry), **raw}
-    groups = tuple(item for kind, item in best.items if kind == "compute")
-    groups = tuple(replace(g, grid=replace(g.grid, volume=_group_volume(best.items, g.index),
-                                           reason=f"{g.grid.reason}; best of {len(scored)} fusion "
-                                                  f"candidate(s) x beam {BEAM_WIDTH}")) for g in groups)
-    by_index = {g.index: g for g in groups}
-    schedule = tuple(prepass) + tuple(Compute(by_index[item.index]) if kind == "compute" else item
-                                      for kind, item in best.items)
-    plan = Plan(d, nprocs, dtype, memory, inputs, result, analysis, groups,
-                tuple(entry[n] for n in d.input_names), entry["out"], schedule, tuple(sorted(pins)),
-                memory_default=memory_default)
+    for _ in range(REPLANS + 1):
+        scored = []
+        for candidate in analysis.candidates[:MAX_PARTITIONS]:
+            state = planner.search(candidate.partition)
+            scored.append((state.key(), candidate.partition, state))
+        scored.sort(key=lambda t: (t[0], t[1]))
+        best = planner.assemble(scored[0][2])
+        entry = {**{n: s for n, s in starts.items() if s is not None}, **dict(best.entry), **raw}
+        groups = tuple(item for kind, item in best.items if kind == "compute")
+        groups = tuple(replace(g, grid=replace(g.grid, volume=_group_volume(best.items, g.index),
+                                               reason=f"{g.grid.reason}; best of {len(scored)} fusion "
+                                                      f"candidate(s) x beam {BEAM_WIDTH}")) for g in groups)
+        by_index = {g.index: g for g in groups}
+        schedule = tuple(prepass) + tuple(Compute(by_index[item.index]) if kind == "compute" else item
+                                          for kind, item in best.items)
+        plan = Plan(d, nprocs, dtype, memory, inputs, result, analysis, groups,
+                    tuple(entry[n] for n in d.input_names), entry["out"], schedule, tuple(sorted(pins)),
+                    memory_default=memory_default)
+        excess = plan.peak_bytes - memory
+        if excess <= 0 or scored[0][0][0]:   # it fits, or the search knew no plan would
+            break
+        planner.budget -= -(-excess // dtype.itemsize)   # a rank the search did not sample peaks higher
     states = {partition: state for _, partition, state in scored}
     states[scored[0][1]] = best
     return replace(plan, bound=_plan_bound(plan, analysis, states, scored[0][1]))
