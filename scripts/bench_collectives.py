@@ -15,6 +15,7 @@ ratio of the medians, with the conditions; ``--out`` appends the rows to a markd
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 from pathlib import Path
@@ -38,8 +39,8 @@ def cases(nprocs: int) -> list:
              Layout.replicated((256 * nprocs, 256), nprocs), 0),
             ("column blocks 256 x 64 each", Layout((256, 64 * nprocs), (nprocs,), (None, 0)),
              Layout.replicated((256, 64 * nprocs), nprocs), 0),
-            ("512 x 512 partial sums, phase 1", partial, Layout.replicated((512, 512), nprocs), 0),
-            ("512 x 512 partial sums, phase 2", partial, Layout.replicated((512, 512), nprocs), 1)]
+            ("512 x 512 partial sums to every rank, step 1", partial, Layout.replicated((512, 512), nprocs), 0),
+            ("512 x 512 partial sums to every rank, step 2", partial, Layout.replicated((512, 512), nprocs), 1)]
 
 
 def timed(call, comm) -> float:
@@ -63,11 +64,12 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="markdown file the rows are appended to")
     args = parser.parse_args()
     comm, rank, nprocs = MPI.COMM_WORLD, MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
+    load = os.getloadavg()[0]
     element, rows = element_type(np.float64), []
     for name, src, dst, phase in cases(nprocs):
         move = plan_redistribution(src, dst, nprocs)
-        kind = move.collectives[phase]
-        if kind is None:    # (the step runs an Alltoallw at this P: nothing to compare)
+        kind = move.collectives[phase] if phase < len(move.collectives) else None
+        if kind is None:    # (the step runs an Alltoallw at this P, or the move has one phase: nothing to compare)
             continue
         native = Collective(comm, move.table(rank)[phase], np.float64, element)
         general = Transfer(comm, rank_tables(src, dst, nprocs, rank, move.split, mpi_collectives=False)[phase],
@@ -90,19 +92,17 @@ def main() -> None:
                     + f" | {np.median(us['alltoallw']) / np.median(us['collective']):.2f} |")
     element.Free()
     if rank == 0:
-        conditions = (f"{cpu_model()}, {nprocs} ranks on this machine's cores, "
-                      f"{MPI.Get_library_version().splitlines()[0].strip()}, float64, {args.repeat} rounds interleaved")
+        conditions = (f"{cpu_model()}, {nprocs} ranks on {os.cpu_count()} cores (load average {load:.1f} at the "
+                      f"start), {' '.join(MPI.Get_library_version().split()[:3])}, float64, {args.repeat} rounds "
+                      "interleaved")
         print(conditions)
         print("\n".join(rows))
         if args.out:
-            path = Path(args.out)
-            new = not path.exists()
-            with path.open("a") as f:
-                if new:
-                    f.write("| P | step | MPI call | collective us: median [min, max] | Alltoallw us: median "
-                            "[min, max] | Alltoallw / collective |\n|---|---|---|---|---|---|\n")
-                f.write("\n".join(rows) + "\n")
-            print(f"appended to {path} ({conditions})")
+            with Path(args.out).open("a") as f:
+                f.write(f"P = {nprocs}: {conditions}\n\n| P | step | MPI call | collective us: median [min, max] | "
+                        "Alltoallw us: median [min, max] | Alltoallw / collective |\n|---|---|---|---|---|---|\n"
+                        + "\n".join(rows) + "\n\n")
+            print(f"appended to {args.out}")
 
 
 if __name__ == "__main__":

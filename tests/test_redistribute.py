@@ -160,6 +160,21 @@ def test_allreduce_is_reduce_scatter_then_allgather(fan_in):
     assert plan.method == ("direct" if fan_in == 2 else "reduce-scatter (MPI_Reduce_scatter), then direct")
 
 
+def test_a_scalar_results_reduction_costs_log_p_words():
+    """The 6-operand ring's last move at P = 65,536 (3840 partial sums of a scalar on grid (64, 60)) runs
+    MPI_Allreduce to every rank, MPI_Reduce to rank 0: 16 words (128 B) per rank at most in the model and in
+    every rank's table (recursive doubling; a binomial tree), where all-to-all it was 3840."""
+    src = Layout((), (64, 60), (), (0, 1))
+    for dst, kind in ((Layout.replicated((), 65536), "allreduce"), (Layout.on_root((), 65536), "reduce")):
+        plan = plan_redistribution(src, dst, 65536)
+        assert plan.collectives == (kind,) and plan.max_words_received * 8 == 128
+        assert sum(plan.words_sent) == sum(plan.words_received)
+        for rank in (0, 1, 3839, 3840, 65535):
+            assert table_words(plan.table(rank)) == (plan.words_sent[rank], plan.words_received[rank])
+    few = plan_redistribution(Layout((), (2,), (), (0,)), Layout.replicated((), 64), 64)   # 6 steps for 2 summands
+    assert few.collectives == (None,) and few.max_words_received == 2
+
+
 def test_reduce_to_root_uses_reduce_scatter():
     partial = Layout((16, 4), (4,), (None, None), (0,))
     plan = plan_redistribution(partial, Layout.on_root(partial.shape, 4), 4)
