@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 from pathlib import Path
 
@@ -24,6 +23,8 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_rounds import cpu_model  # noqa: E402
 from deinsum.layout import Layout  # noqa: E402
 from deinsum.redistribute import plan_redistribution  # noqa: E402
 from deinsum.tables import COLLECTIVES, rank_tables  # noqa: E402
@@ -48,14 +49,6 @@ def timed(call, comm) -> float:
     start = MPI.Wtime()
     call()
     return comm.allreduce(MPI.Wtime() - start, op=MPI.MAX)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def main() -> None:

@@ -311,12 +311,14 @@ def exchange(comm, table, local, dtype, log=None, label=""):
             if members == MPI.COMM_NULL:
                 block = None
                 continue
-            transfer = (Collective(members, step, dtype, element, comm) if native(step)
-                        else Transfer(comm, step, dtype, element))
             try:
-                block = transfer(block)
+                transfer = (Collective(members, step, dtype, element, comm) if native(step)
+                            else Transfer(comm, step, dtype, element))
+                try:
+                    block = transfer(block)
+                finally:
+                    transfer.free()
             finally:
-                transfer.free()
                 if members != comm:
                     members.Free()
             sent, received = sent + transfer.bytes_sent, received + transfer.bytes_received
