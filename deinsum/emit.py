@@ -3,7 +3,7 @@
 The program is the plan's data as Python literals (layouts as tuples, not
 tables), the schedule as straight-line code: one function per fused group that
 moves what the group reads (``rt.scatter``, ``rt.reduce_scatter``, ..., each on
-its named communicator) and runs its local steps, and ``run`` that calls them in
+its named communicator, a comment naming the MPI call that runs it) and runs its local steps, and ``run`` that calls them in
 order; then the runtime it runs on: the package files of :data:`RUNTIME`, byte
 for byte, as one compressed payload that the script imports from itself
 (:mod:`deinsum.runtime.bundle`, whose text comes first, verbatim). Each rank
@@ -29,7 +29,7 @@ from .version import __version__
 
 #: The package files (under deinsum/) an emitted script carries, byte for byte (one emitted for the GPU also
 #: carries :data:`GPU_RUNTIME`).
-RUNTIME = ("errors.py", "memory.py", "layout.py", "redistribute.py", "footprint.py", "runtime/__init__.py",
+RUNTIME = ("errors.py", "memory.py", "layout.py", "tables.py", "footprint.py", "runtime/__init__.py",
            "runtime/exchange.py", "runtime/libraries.py", "runtime/cost.py", "runtime/gemm.py", "runtime/blas.py",
            "runtime/mttkrp.py", "runtime/ttm.py", "runtime/kernels.py", "runtime/checks.py", "runtime/runner.py",
            "runtime/driver.py")
@@ -223,7 +223,8 @@ def _round_lines(g, moves, grid) -> list[str]:
             m, k = rounded[name]
             e = m.exchanges[0]
             comm, made = _communicator(e, "        ")
-            lines += made + [f"        {_name(name)}_t = rt.{e.kind}({_name(name)}, move={k}, step=t, comm={comm})"]
+            lines += made + [f"        {_name(name)}_t = rt.{e.kind}({_name(name)}, move={k}, step=t, comm={comm})"
+                             + _mpi(e)]
         elif index in sub:
             lines.append(f"        {_name(name)}_t = rt.slab({_name(name)}, {sub.index(index)}, {count}, t)")
         parts.append(f"{_name(name)}_t" if name in rounded or index in sub else _name(name))
@@ -243,10 +244,16 @@ def _move_lines(move, k) -> list[str]:
         step = f", step={s}" if s else ""
         if move.parts:   # its steps are the parts of one reduction, placed into the destination block
             axis, parts = move.parts
-            lines.append(f"    {t} = rt.in_parts({e.kind!r}, {t}, move={k}, axis={axis}, parts={parts}, comm={comm})")
+            lines.append(f"    {t} = rt.in_parts({e.kind!r}, {t}, move={k}, axis={axis}, parts={parts}, comm={comm})"
+                         + _mpi(e))
         else:
-            lines.append(f"    {t} = rt.{e.kind}({t}, move={k}{step}, comm={comm})")
+            lines.append(f"    {t} = rt.{e.kind}({t}, move={k}{step}, comm={comm})" + _mpi(e))
     return lines
+
+
+def _mpi(exchange) -> str:
+    """The comment that says what MPI runs for an exchange step."""
+    return f"  # MPI_{exchange.mpi}" if exchange.mpi else "  # no MPI call: a local slice"
 
 
 def _communicator(exchange, indent: str) -> tuple[str, list[str]]:

@@ -249,7 +249,8 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
             comm = "rt.world" if e.comm.group is None else e.comm.name
             if comm != "rt.world":
                 lines.append(f"    {comm} = rt.cart_sub(GRID0, remain={e.comm.remain!r})")
-            lines.append(f"    {move.tensor} = rt.{e.kind}({move.tensor}, move={k}{f', step={s}' if s else ''}, comm={comm})")
+            lines.append(f"    {move.tensor} = rt.{e.kind}({move.tensor}, move={k}{f', step={s}' if s else ''}, comm={comm})"
+                         + (f"  # MPI_{e.mpi}" if e.mpi else "  # no MPI call: a local slice"))
         if k == len(plan.moves) - 2:
             subs = tuple(sub for _, sub in group.reads)
             names = ", ".join(name for name, _ in group.reads)
@@ -258,6 +259,7 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
     where = [listing.find("\n" + line + "\n") for line in lines]
     assert -1 not in where and where == sorted(where), [line for line, at in zip(lines, where) if at < 0]
     assert any(e.comm.name == "grid0_sum" for m in plan.moves for e in m.exchanges)   # MTTKRP's partial sums
+    assert "  # MPI_Reduce_scatter" in listing and "  # MPI_Alltoallw" in listing   # what MPI runs, line by line
     # then the runtime, once: the bundle's code verbatim and the package files as its payload
     assert text.count(RUNTIME_MARK) == 1 and (PACKAGE / "runtime" / "bundle.py").read_text() in text
     assert not re.search(r"^\s*class ", listing, flags=re.M)   # the listing defines functions only
@@ -301,13 +303,13 @@ def test_the_runtime_is_carried_byte_for_byte_and_tracebacks_name_its_files():
     assert unpack(gpu) == {path: (PACKAGE / path).read_text() for path in runtime_files("gpu")}
     module = types.ModuleType("emitted_tb")
     exec(compile(text, "script", "exec"), module.__dict__)
-    redistribute = importlib.import_module(package_name(payload) + ".redistribute")
+    tables = importlib.import_module(package_name(payload) + ".tables")
     layout = importlib.import_module(package_name(payload) + ".layout")
     with pytest.raises(ValueError) as info:
-        redistribute.plan_redistribution(layout.Layout.even((4,), 2), layout.Layout.even((5,), 2), 2)
+        tables.rank_tables(layout.Layout.even((4,), 2), layout.Layout.even((5,), 2), 2, 0)
     frame = traceback.extract_tb(info.tb)[-1]
-    assert frame.filename.endswith("/deinsum/redistribute.py")
-    assert frame.line == (PACKAGE / "redistribute.py").read_text().splitlines()[frame.lineno - 1].strip()
+    assert frame.filename.endswith("/deinsum/tables.py")
+    assert frame.line == (PACKAGE / "tables.py").read_text().splitlines()[frame.lineno - 1].strip()
 
 
 def test_emitted_script_defines_every_name_it_uses(tmp_path):

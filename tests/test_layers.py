@@ -21,7 +21,8 @@ LAYERS = [
     ["deinsum.soap"],                        # bounds
     ["deinsum.layout"],                      # layouts and block arithmetic
     ["deinsum.grids"],                       # the grid search
-    ["deinsum.redistribute"],                # moves: exchange tables and their volume model
+    ["deinsum.tables"],                      # moves: each rank's exchange tables (emitted scripts carry them)
+    ["deinsum.redistribute"],                # moves: their volume model and the decisions a plan takes once
     ["deinsum.schedule", "deinsum.footprint"],  # typed schedule entries, a plan's peak memory per rank
     ["deinsum.plan", "deinsum.runtime"],     # the one immutable Plan; beside it the run-time wing
     ["deinsum.emit"],                        # the script generator

@@ -9,7 +9,8 @@ from deinsum.decompose import decompose
 from deinsum.footprint import SLACK, footprint
 from deinsum.layout import Layout
 from deinsum.plan import build_plan
-from deinsum.redistribute import plan_redistribution, rank_tables, table_words
+from deinsum.redistribute import plan_redistribution
+from deinsum.tables import rank_tables, table_words
 from suite import SUITE, shapes_for
 
 

@@ -1,14 +1,9 @@
 """Every GEMM of the local kernels: the library each class of GEMM is routed to, and the call (``matmul``).
 
-STANDALONE: numpy, the standard library and the sibling runtime modules ``libraries`` (what is installed),
-``gemm`` (the measurement) and ``cost`` (the machine's constants).
-
-Routes (``gemm_routes``) are measured once per machine and cached (``gemm.py``), forced by ``DEINSUM_GEMM``,
-or agreed across ranks (``agree_gemm_routes``). Where the streaming kernels are routed, a float64 GEMM with a
-narrow side whose wide operand can be read in place runs on them (``_streamed``: they hide the read of X
-behind the arithmetic, which BLAS's packing does not). Others run on Intel MKL (float32/64, where installed)
-or numpy's BLAS as routed: square GEMMs, MTTKRP GEMMs and TTM steps (on numpy's BLAS in pieces) each by
-their own route.
+STANDALONE: numpy and the sibling runtime modules. Routes (``gemm_routes``) are measured once per machine
+(``gemm.py``), forced by ``DEINSUM_GEMM`` or agreed across ranks. Where the streaming kernels are routed, a
+float64 GEMM with a narrow side whose wide operand can be read in place runs on them (``_streamed``: they hide
+the read of X behind the arithmetic); others run on MKL or numpy's BLAS, each class as routed.
 
 >>> a, b = np.arange(6.).reshape(2, 3), np.arange(12.).reshape(3, 4)
 >>> bool(np.allclose(matmul(a, b), a @ b))

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from ..footprint import peak_bytes
 from ..layout import Layout
-from ..redistribute import rank_tables
+from ..tables import rank_tables
 from ..memory import as_bytes, default_memory
 from .checks import agree, check_launch, check_memory, check_output_path, collectively, load_npy, matches, max_error
 from .checks import node_place

@@ -1,26 +1,13 @@
 """Local (single-rank) kernels: a fused group's einsum, or one binary/unary step, on numpy blocks
 (or CuPy blocks on a GPU: see ``libraries.array_module``).
 
-STANDALONE: numpy, the standard library and the sibling runtime modules (emitted scripts carry them all);
-the sequential executor and the distributed runtime call the same functions, so there is one copy of the
-local compute logic.
-
-``contract_group`` computes a whole fused group's statement on this rank's
-blocks (a partial sum where the grid splits a summed index) with the fastest
-strategy a cost model (``cost.py``) finds; ``group_strategy`` names it:
-
-* ``MTTKRP`` (full or partial, any modes, factors in either orientation): ``mttkrp.py``;
-* ``TTM chain`` (X times one matrix per contracted mode): ``ttm.py``;
-* ``pairwise``: numpy's einsum path, each step through ``contract_pair``.
-
-Every GEMM runs through ``blas.matmul`` on the library its class is routed to (``blas.gemm_routes``); the
-strategy name says "streamed" or "(MKL)" where a kernel's GEMMs run on the streaming kernels or MKL. The
-libraries themselves are loaded in ``libraries.py``.
-
-Results may be transposed views: a consumer reads a block stored in any axis
-order without a copy (``contract_group`` relabels it). Peak memory stays within
-1.5x of inputs plus output except in the pairwise fallback and in TTM chains
-whose first steps grow the tensor.
+STANDALONE: numpy, the standard library and the sibling runtime modules; the sequential executor and the
+distributed runtime call the same functions. ``contract_group`` computes a fused group's statement on this
+rank's blocks (a partial sum where the grid splits a summed index) with the fastest strategy the cost model
+(``cost.py``) finds, ``group_strategy`` names it: MTTKRP (``mttkrp.py``), a TTM chain (``ttm.py``), or
+numpy's einsum path, each step through ``contract_pair``. Every GEMM runs through ``blas.matmul`` as routed.
+Results may be transposed views (a consumer relabels them, no copy). Peak memory stays within 1.5x of inputs
+plus output except in the pairwise fallback and in TTM chains whose first steps grow the tensor.
 
 Index strings may hold any characters; they are mapped to ASCII letters where numpy needs them.
 
