@@ -84,9 +84,8 @@ def reduction_staging(src, dst, parts: tuple | None = None) -> tuple:
     return ((dst, src.n_summands, 0, ()), (src, 2, 0, ()))
 
 
-def term_words(group: tuple, ranks: np.ndarray, extents=None) -> np.ndarray:
-    """Words of one tuple of :func:`footprint_terms` terms at ``ranks``; vectorised. ``extents(layout)``, if
-    given, returns the (ranks x axes) extents of the layout's blocks at ``ranks`` (the planner's are cached).
+def term_words(group: tuple, ranks: np.ndarray) -> np.ndarray:
+    """Words of one tuple of :func:`footprint_terms` terms at ``ranks``; vectorised.
 
     >>> from deinsum.layout import Layout
     >>> even = Layout.even((10, 8), 2)                        # blocks of 5 x 8
@@ -95,15 +94,7 @@ def term_words(group: tuple, ranks: np.ndarray, extents=None) -> np.ndarray:
     """
     total = np.zeros(ranks.size, dtype=np.int64)
     for layout, per_word, per_holder, cut in group:
-        if extents is None:
-            lo, hi = layout.boxes_of(ranks)
-            extent = hi - lo
-        else:
-            extent = extents(layout)
-        if cut:
-            extent = extent.copy()
-            extent[:, cut[0]] = -(-extent[:, cut[0]] // cut[1])
-        total += per_word * np.prod(extent, axis=1, dtype=np.int64) + per_holder * (ranks < layout.nranks)
+        total += per_word * layout.block_sizes(ranks, cut) + per_holder * (ranks < layout.nranks)
     return total
 
 

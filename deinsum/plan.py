@@ -422,31 +422,41 @@ class _Planner:
         self.ranks = sample_ranks(nprocs, SEARCH_RANKS)
         self._words: dict = {}
         self._grids: dict = {}
-        self._extents: dict = {}
-
-    def shape(self, sub: str) -> tuple[int, ...]:
-        return tuple(self.sizes[c] for c in sub)
+        self._terms: dict = {}
+        self._holds: dict = {}
+        self._homes: dict = {}
 
     def words(self, src: Layout, dst: Layout, ranks: np.ndarray) -> np.ndarray:
+        """:func:`received_words` at ``ranks`` (cached; at every rank, the plan's moves share it)."""
         key = (src, dst, ranks.size)
         if key not in self._words:
-            self._words[key] = received_words(src, dst, self.nprocs, ranks)
+            every = ranks.size == self.nprocs
+            self._words[key] = received_words(src, dst, self.nprocs, None if every else ranks)
         return self._words[key]
 
-    def held_words(self, terms: tuple, ranks: np.ndarray) -> np.ndarray:
-        """Words of footprint terms at ``ranks`` (:func:`deinsum.footprint.term_words`, block extents cached)."""
-        def extents(layout: Layout) -> np.ndarray:
-            key = (layout, ranks.size)
-            if key not in self._extents:
-                lo, hi = layout.boxes_of(ranks)
-                self._extents[key] = hi - lo
-            return self._extents[key]
+    def holds(self, src: Layout, dst: Layout, ranks: np.ndarray) -> bool:
+        """:func:`_holds_blocks` at ``ranks`` (cached)."""
+        key = (src, dst, ranks.size)
+        if key not in self._holds:
+            self._holds[key] = _holds_blocks(src, dst, self.nprocs, ranks)
+        return self._holds[key]
 
-        return term_words(terms, ranks, extents)
+    def held_words(self, terms: tuple, ranks: np.ndarray) -> np.ndarray:
+        """Words of footprint terms at ``ranks``: the sum of each term's :func:`deinsum.footprint.term_words`
+        (cached per term)."""
+        total = np.zeros(ranks.size, dtype=np.int64)
+        for term in terms:
+            key = (term, ranks.size)
+            if key not in self._terms:
+                self._terms[key] = term_words((term,), ranks)
+            total += self._terms[key]
+        return total
 
     def home(self, layout: Layout) -> Layout:
-        """Where a tensor computed or read on a grid lives when nobody needs it replicated."""
-        return Layout(layout.shape, layout.grid, layout.axes).spread()
+        """Where a tensor computed or read on a grid lives when nobody needs it replicated (cached)."""
+        if layout not in self._homes:
+            self._homes[layout] = Layout(layout.shape, layout.grid, layout.axes).spread()
+        return self._homes[layout]
 
     def start(self, ranks: np.ndarray) -> _State:
         """The plan before its first group: the inputs where they start, whole ones with a pinned layout
@@ -454,7 +464,7 @@ class _Planner:
         zero = np.zeros(ranks.size, dtype=np.int64)
         layouts = {n: s for n, s in self.starts.items() if s is not None}
         moves = tuple(Move(n, "distribute", layouts[n], pinned, self.nprocs) for n, pinned in self.first.items()
-                      if not _holds_blocks(layouts[n], pinned, self.nprocs, ranks))
+                      if not self.holds(layouts[n], pinned, ranks))
         received = sum((self.words(m.src, m.dst, ranks) for m in moves), zero)
         held = self.held_words(tuple((x, 1, 0, ()) for x in [*layouts.values(), *(m.dst for m in moves)]), ranks)
         return _State(received, zero, tuple((layouts | self.first).items()), (), tuple(("move", m) for m in moves),
@@ -523,14 +533,14 @@ class _Planner:
                 held += self.held_words(((src, 1, 0, ()),), ranks)
             elif src.partial:                     # the estimate owed for it is now paid for real
                 pending -= self.words(src, self.home(Layout(src.shape, src.grid, src.axes)), ranks)
-            if not _holds_blocks(src, dst, self.nprocs, ranks):
+            if not self.holds(src, dst, ranks):
                 phase = "distribute" if name in self.d.input_names else "reduce" if src.partial else "redistribute"
                 received += self.words(src, dst, ranks)
                 moves.append((name, sub, src, dst, phase))
             layouts[name] = dst
         produced = choice.layout(group_steps[-1].output, self.sizes, partial=True)
         final = (self.finish or self.home(produced)) if last else None
-        exit_move = last and not _holds_blocks(produced, final, self.nprocs, ranks)
+        exit_move = last and not self.holds(produced, final, ranks)
         rounds, added, peak = self.rounds(group_steps, choice, moves, final if exit_move else None, held, ranks)
         parts = (0, ROUND_PIECES) if rounds and exit_move and self.in_parts(produced, final) else None
         for name, sub, src, dst, phase in moves:

@@ -61,10 +61,9 @@ class _Holdings:
 
 
 def _holdings(layout: Layout, ranks: np.ndarray) -> _Holdings:
-    """Holdings of ``layout`` at ``ranks``: one cell per block, one summand per partial sum."""
-    lo, hi = layout.boxes_of(ranks)
-    return _Holdings(layout.block_index(ranks), lo, hi, layout.summand_index(ranks), ranks < layout.nranks,
-                     layout.replica_index(ranks), layout.n_summands, layout.n_replicas)
+    """Holdings of ``layout`` at ``ranks``: one cell per block, one summand per partial sum (read-only arrays)."""
+    lo, hi, cell, summand, replica, held = layout.holdings_of(ranks)
+    return _Holdings(cell, lo, hi, summand, held, replica, layout.n_summands, layout.n_replicas)
 
 
 def scatter_split(layout: Layout) -> tuple[int, ...]:
@@ -135,6 +134,7 @@ def via_scatter(src: Layout, dst: Layout, nprocs: int) -> bool:
     return bool((via.max(), via.sum()) < (words.max(), words.sum()))
 
 
+@lru_cache(maxsize=4096)
 def reduce_split(src: Layout, dst: Layout, nprocs: int) -> tuple[int, ...] | None:
     """How the move from ``src`` to ``dst`` reduce-scatters first (:func:`scatter_split`), or None when it
     goes directly (:func:`via_scatter`): the one global decision of a move, taken at plan time.
@@ -156,7 +156,21 @@ def received_words(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray | No
     [12, 12, 12, 12]
     """
     _check_pair(src, dst, nprocs)
-    ranks = np.arange(nprocs) if ranks is None else np.asarray(ranks, dtype=np.int64)
+    if ranks is None:
+        return _received_by_all(src, dst, nprocs)
+    return _received_at(src, dst, nprocs, np.asarray(ranks, dtype=np.int64))
+
+
+@lru_cache(maxsize=16)
+def _received_by_all(src: Layout, dst: Layout, nprocs: int) -> np.ndarray:
+    """:func:`received_words` at every rank (cached, read-only: the planner's assembly and the plan's moves ask
+    for the same)."""
+    words = _received_at(src, dst, nprocs, np.arange(nprocs))
+    words.flags.writeable = False
+    return words
+
+
+def _received_at(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray) -> np.ndarray:
     start, end = _holdings(src, ranks), _holdings(dst, ranks)
     split = reduce_split(src, dst, nprocs)
     if split is not None:
