@@ -349,12 +349,15 @@ class Layout:
             a.flags.writeable = False
         return arrays
 
-    def block_sizes(self, ranks: np.ndarray, cut: tuple[int, int] | tuple[()] = ()) -> np.ndarray:
+    def block_sizes(self, ranks: np.ndarray, cut: tuple[int, ...] = ()) -> np.ndarray:
         """Words in the block of each of ``ranks`` (0 where a rank holds none; 1 for a 0-d tensor); with ``cut``
-        ``(axis, T)``, in the largest of T balanced parts of it along ``axis`` (one round's). Vectorised.
+        ``(axis, T)``, in the largest of T balanced parts of it along ``axis`` (one round's); ``(axis, T, axis2,
+        T2, ...)`` cuts that part again (a piece of a round's part). Vectorised.
 
         >>> Layout((10, 8), grid=(2,), axes=(0, None)).block_sizes(np.arange(3), cut=(0, 2)).tolist()   # 3 x 8
         [24, 24, 0]
+        >>> Layout((10, 8), grid=(2,), axes=(0, None)).block_sizes(np.arange(1), cut=(0, 2, 1, 3)).tolist()   # 3 x 3
+        [9]
         """
         ranks = np.asarray(ranks, dtype=np.int64)
         if not self.shape:
@@ -362,15 +365,17 @@ class Layout:
         if ranks.size <= KEPT_RANKS:
             lo, hi = _kept_holdings(self, ranks.tobytes())[:2]
             extent = hi - lo
-            if cut:
-                extent[:, cut[0]] = -(-extent[:, cut[0]] // cut[1])
+            for axis, parts in zip(cut[::2], cut[1::2]):
+                extent[:, axis] = -(-extent[:, axis] // parts)
             return np.prod(extent, axis=1, dtype=np.int64)
         coords, held, per_rank = self._at(ranks)
         words = np.ones((), dtype=np.int64)
         for x, n in enumerate(self.shape):
             start, stop = nested_range(n, self.axis_parts(x), [coords[g] for g in self.axis_dims(x)])
             extent = stop - start
-            words = words * (-(-extent // cut[1]) if cut and cut[0] == x else extent)
+            for axis, parts in zip(cut[::2], cut[1::2]):
+                extent = -(-extent // parts) if axis == x else extent
+            words = words * extent
         return per_rank(words) * held
 
     def _at(self, ranks: np.ndarray) -> tuple:
