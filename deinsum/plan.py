@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, reduce
 from typing import Mapping
 
 import numpy as np
@@ -591,7 +591,7 @@ class _Planner:
                           for _, sub, _, dst, _ in moves)
             added = self.held_words(moved + group_held, ranks)
             top = [self.held_words(group, ranks) for group in group_transients] + staging + [parts if rounds else whole]
-            return added, held + added + exit_words + np.max(top, axis=0)
+            return added, held + added + exit_words + reduce(np.maximum, top)
 
         added, first = peak("", 1)
         if first.max(initial=0) <= self.budget:
