@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -77,6 +77,7 @@ def via_scatter(src: Layout, dst: Layout, nprocs: int) -> bool:
     return bool((via.max(), via.sum()) < (words.max(), words.sum()))
 
 
+@lru_cache(maxsize=4096)
 def reduce_split(src: Layout, dst: Layout, nprocs: int) -> tuple[int, ...] | None:
     """How the move from ``src`` to ``dst`` reduce-scatters first (:func:`scatter_split`), or None when it
     goes directly (:func:`via_scatter`): the one global decision of a move, taken at plan time.
@@ -98,7 +99,21 @@ def received_words(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray | No
     [12, 12, 12, 12]
     """
     check_pair(src, dst, nprocs)
-    ranks = np.arange(nprocs) if ranks is None else np.asarray(ranks, dtype=np.int64)
+    if ranks is None:
+        return _received_by_all(src, dst, nprocs)
+    return _received_at(src, dst, nprocs, np.asarray(ranks, dtype=np.int64))
+
+
+@lru_cache(maxsize=16)
+def _received_by_all(src: Layout, dst: Layout, nprocs: int) -> np.ndarray:
+    """:func:`received_words` at every rank (cached, read-only: the planner's assembly and the plan's moves ask
+    for the same)."""
+    words = _received_at(src, dst, nprocs, np.arange(nprocs))
+    words.flags.writeable = False
+    return words
+
+
+def _received_at(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray) -> np.ndarray:
     start, end = holdings(src, ranks), holdings(dst, ranks)
     split = reduce_split(src, dst, nprocs)
     if split is not None:

@@ -75,10 +75,9 @@ class Holdings:
 
 
 def holdings(layout: Layout, ranks: np.ndarray) -> Holdings:
-    """Holdings of ``layout`` at ``ranks``: one cell per block, one summand per partial sum."""
-    lo, hi = layout.boxes_of(ranks)
-    return Holdings(layout.block_index(ranks), lo, hi, layout.summand_index(ranks), ranks < layout.nranks,
-                     layout.replica_index(ranks), layout.n_summands, layout.n_replicas)
+    """Holdings of ``layout`` at ``ranks``: one cell per block, one summand per partial sum (read-only arrays)."""
+    lo, hi, cell, summand, replica, held = layout.holdings_of(ranks)
+    return Holdings(cell, lo, hi, summand, held, replica, layout.n_summands, layout.n_replicas)
 
 
 def scattered(layout: Layout, ranks: np.ndarray, split: tuple[int, ...]) -> Holdings:
