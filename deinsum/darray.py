@@ -30,6 +30,7 @@ True
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable
 
 import numpy as np
@@ -37,6 +38,7 @@ import numpy as np
 from .darray_numpy import NumpyProtocols
 from .runtime.checks import agree, check_launch, collectively
 from .runtime.exchange import exchange
+from .runtime.npyio import npy_header, read_block, save_blocks
 from .errors import DeinsumError, as_dtype
 from .layout import Layout, pin_layout
 from .schedule import Move
@@ -134,6 +136,29 @@ class DistributedArray(NumpyProtocols):
         agree(comm, {"shape": array.shape, "dtype": array.dtype.str, "layout": layout}, error=DeinsumError)
         block = layout.block(comm.rank)
         return cls(None if block is None else array[block].copy(), array.dtype, layout=layout, comm=comm)
+
+    @classmethod
+    def load(cls, path, layout="even", comm=None, *, shape=None, dtype=None) -> DistributedArray:
+        """Each rank reads only its block of ``layout`` from the ``.npy`` file ``path`` (format 1 to 3, C or
+        Fortran order, either byte order; the block comes in native byte order). ``shape`` and ``dtype``,
+        if given, are what the file must hold. See :meth:`save`."""
+        comm = _world(comm)
+        path = collectively(comm, os.fspath, path, error=DeinsumError)
+        head = npy_header(comm, path, "load", DeinsumError)   # rank 0 reads it, every rank raises alike
+
+        def check():
+            want = {"shape": None if shape is None else tuple(int(n) for n in shape),
+                    "dtype": None if dtype is None else np.dtype(dtype).newbyteorder("=")}
+            got = {"shape": head.shape, "dtype": head.dtype.newbyteorder("=")}
+            for key, value in want.items():
+                if value is not None and value != got[key]:
+                    raise DeinsumError(f"load {path}: {key} {got[key]}, expected {value}")
+            return as_layout(layout, head.shape, comm.size)
+
+        lay = collectively(comm, check, error=DeinsumError)
+        agree(comm, {"path": path, "layout": lay}, error=DeinsumError)
+        block = read_block(comm, path, head, lay.block(comm.rank), DeinsumError)
+        return cls(block, head.dtype.newbyteorder("="), layout=lay, comm=comm)
 
     @classmethod
     def scatter(cls, array, layout="even", comm=None) -> DistributedArray:
@@ -299,6 +324,24 @@ class DistributedArray(NumpyProtocols):
                 whole = np.empty(self.shape, dtype=self.dtype)
                 comm.Recv(whole, source=0)
         return whole
+
+    def save(self, path) -> None:
+        """Write the tensor to the ``.npy`` file ``path`` (C order, format 1.0), each rank only its block (one
+        copy of a replicated one; partial sums are added first), through a temporary file renamed onto
+        ``path`` once every rank has written: a failed or killed save leaves the previous file or none. Any
+        number of ranks and any layout loads it again (:meth:`load`); ``numpy.load`` reads it.
+
+        >>> import os, tempfile
+        >>> from mpi4py import MPI
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.npy")
+        >>> DistributedArray.from_global(np.arange(6.0).reshape(2, 3), "even", MPI.COMM_SELF).save(path)
+        >>> DistributedArray.load(path, "1: -, 0", MPI.COMM_SELF).local[1]
+        array([3., 4., 5.])
+        """
+        path = collectively(self.comm, os.fspath, path, error=DeinsumError)
+        agree(self.comm, {"path": path}, error=DeinsumError)
+        whole = self.redistribute(Layout(self.shape, self.layout.grid, self.layout.axes)) if self.layout.partial else self
+        save_blocks(self.comm, path, whole.local, whole.layout, self.dtype, DeinsumError)
 
     # ---- just enough local algebra --------------------------------------------------------------
     def rows(self) -> DistributedArray:

@@ -176,21 +176,33 @@ def write_atomically(path, write, error=ValueError):
     temporary, ``.<name>.deinsum-tmp.<host>.<pid>``, is removed on any exception and on SIGTERM; one
     left by a killed process (``kill -9``) is removed by the next save of the same file on its host.
     One save of a file at a time per process."""
-    target = check_output_path(path, error)
-    folder, name = os.path.split(target)
-    prefix = f".{name}.deinsum-tmp.{socket.gethostname()}."
-    _remove_stale(folder, prefix)
-    temporary = os.path.join(folder, f"{prefix}{os.getpid()}")
-    with _sigterm_raises():
+    target, temporary = temporary_beside(path, error)
+    with sigterm_raises():
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # the umask applies
         try:
             with os.fdopen(fd, "wb") as f:
                 write(f)
             os.replace(temporary, target)
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
+            remove_quietly(temporary)
             raise
+
+
+def temporary_beside(path, error=ValueError):
+    """``(target, temporary)``: the file a save to ``path`` writes (:func:`check_output_path`) and this
+    process's temporary beside it, ``.<name>.deinsum-tmp.<host>.<pid>``, once the stale ones of this host
+    (their process gone) are removed."""
+    target = check_output_path(path, error)
+    folder, name = os.path.split(target)
+    prefix = f".{name}.deinsum-tmp.{socket.gethostname()}."
+    _remove_stale(folder, prefix)
+    return target, os.path.join(folder, f"{prefix}{os.getpid()}")
+
+
+def remove_quietly(path):
+    """Remove the file ``path`` if it is there."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _remove_stale(folder, prefix):
@@ -199,8 +211,7 @@ def _remove_stale(folder, prefix):
     for entry in os.listdir(folder):
         pid = entry[len(prefix):]
         if entry.startswith(prefix) and re.fullmatch("[1-9][0-9]*", pid) and not _runs_elsewhere(int(pid)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(folder, entry))
+            remove_quietly(os.path.join(folder, entry))
 
 
 def _runs_elsewhere(pid):
@@ -217,11 +228,11 @@ def _runs_elsewhere(pid):
 
 
 class _Terminated(BaseException):
-    """SIGTERM during a save (raised by the handler :func:`_sigterm_raises` installs)."""
+    """SIGTERM during a save (raised by the handler :func:`sigterm_raises` installs)."""
 
 
 @contextlib.contextmanager
-def _sigterm_raises():
+def sigterm_raises():
     """While a save writes, SIGTERM (a scheduler's time limit) raises :class:`_Terminated`, so that the
     temporary file is removed; then the process dies of the SIGTERM as it would have. Only in the main
     thread, and only where SIGTERM has its default action (else it is left as it is)."""
