@@ -38,8 +38,8 @@ import numpy as np
 from .darray_numpy import NumpyProtocols
 from .runtime.checks import agree, check_launch, collectively
 from .runtime.exchange import exchange
-from .runtime.npyio import npy_header, read_block, save_blocks
-from .errors import DeinsumError, as_dtype
+from .runtime.npyio import expect, npy_header, read_block, save_blocks
+from .errors import CASTINGS, DeinsumError, as_dtype, check_choice
 from .layout import Layout, pin_layout
 from .schedule import Move
 
@@ -138,27 +138,25 @@ class DistributedArray(NumpyProtocols):
         return cls(None if block is None else array[block].copy(), array.dtype, layout=layout, comm=comm)
 
     @classmethod
-    def load(cls, path, layout="even", comm=None, *, shape=None, dtype=None) -> DistributedArray:
+    def load(cls, path, layout="even", comm=None, *, shape=None, dtype=None, casting="equiv") -> DistributedArray:
         """Each rank reads only its block of ``layout`` from the ``.npy`` file ``path`` (format 1 to 3, C or
-        Fortran order, either byte order; the block comes in native byte order). ``shape`` and ``dtype``,
-        if given, are what the file must hold. See :meth:`save`."""
+        Fortran order, either byte order; blocks in native byte order). With ``shape``, the file must hold that
+        shape; with ``dtype``, a dtype that numpy's ``casting`` rule turns into it (by default the same type, in
+        either byte order), and the blocks come as ``dtype``. See :meth:`save`."""
         comm = _world(comm)
         path = collectively(comm, os.fspath, path, error=DeinsumError)
         head = npy_header(comm, path, "load", DeinsumError)   # rank 0 reads it, every rank raises alike
 
         def check():
-            want = {"shape": None if shape is None else tuple(int(n) for n in shape),
-                    "dtype": None if dtype is None else np.dtype(dtype).newbyteorder("=")}
-            got = {"shape": head.shape, "dtype": head.dtype.newbyteorder("=")}
-            for key, value in want.items():
-                if value is not None and value != got[key]:
-                    raise DeinsumError(f"load {path}: {key} {got[key]}, expected {value}")
-            return as_layout(layout, head.shape, comm.size)
+            check_choice("casting", casting, CASTINGS)
+            want = head.dtype.newbyteorder("=") if dtype is None else np.dtype(dtype)
+            expect(head, head.shape if shape is None else shape, want, casting, f"load {path}", DeinsumError)
+            return want, as_layout(layout, head.shape, comm.size)
 
-        lay = collectively(comm, check, error=DeinsumError)
-        agree(comm, {"path": path, "layout": lay}, error=DeinsumError)
+        want, lay = collectively(comm, check, error=DeinsumError)
+        agree(comm, {"path": path, "layout": lay, "dtype": want.str}, error=DeinsumError)
         block = read_block(comm, path, head, lay.block(comm.rank), DeinsumError)
-        return cls(block, head.dtype.newbyteorder("="), layout=lay, comm=comm)
+        return cls(None if block is None else block.astype(want, copy=False), want, layout=lay, comm=comm)
 
     @classmethod
     def scatter(cls, array, layout="even", comm=None) -> DistributedArray:

@@ -32,7 +32,7 @@ from .version import __version__
 RUNTIME = ("errors.py", "memory.py", "layout.py", "tables.py", "footprint.py", "runtime/__init__.py",
            "runtime/exchange.py", "runtime/libraries.py", "runtime/cost.py", "runtime/gemm.py", "runtime/blas.py",
            "runtime/mttkrp.py", "runtime/ttm.py", "runtime/kernels.py", "runtime/checks.py", "runtime/runner.py",
-           "runtime/driver.py")
+           "runtime/npyio.py", "runtime/driver.py")
 GPU_RUNTIME = ("runtime/gpu.py",)
 #: What the driver (and the test harness that runs a script's own code) takes from the runtime.
 ENTRY = ("exit_with", "script_main", "script_runtime", "validation_operands")
@@ -90,7 +90,7 @@ def _layouts(plan) -> dict:
     held, transients = footprint_terms(plan)
     names: dict = {}
     for layout in [x for m in plan.moves for x in (m.src, m.dst)] + [p.src for p in plan.prepasses] + [
-            term[0] for group in (held, *transients) for term in group]:
+            term[0] for group in (held, *transients) for term in group] + [*plan.entry, plan.exit]:
         names.setdefault(layout, f"L{len(names)}")
     return names
 
@@ -135,6 +135,8 @@ def generate(plan, device: str = "cpu") -> str:
         "# the layouts: (shape, grid, axes, partial); axes[x] = the grid dimension(s) splitting axis x, partial =",
         "# the grid dimensions over which blocks hold partial sums",
         "\n".join(f"{name} = {_literal(layout)}" for layout, name in names.items()),
+        f"ENTRY = [{', '.join(names[layout] for layout in plan.entry)}]  # where the inputs start, {plan.inputs}",
+        f"EXIT = {names[plan.exit]}  # where the result ends, {plan.result}",
         "# MOVES[k] = (timer, label, source layout, destination layout, split, rounds) of move k, from which every",
         "# rank builds its own exchange tables at start-up (split: None, or how a reduce-scatter first cuts each",
         "# block; rounds: None, or (axis, T): T steps, each bringing one round's or part's share of the block",

@@ -29,7 +29,7 @@ from .runtime.kernels import contract_pair, group_strategy, unary
 from .runtime.runner import Runtime, pin_blas_threads
 from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
-from .errors import DeinsumError, as_dtype, as_ranks, check_choice
+from .errors import CASTINGS, DeinsumError, as_dtype, as_ranks, check_choice
 from .footprint import footprint
 from .memory import as_bytes, default_memory
 from .plan import INPUT_MODES, RESULT_MODES, Plan, build_plan, check_pins, pin_names
@@ -76,14 +76,11 @@ def call_comm(comm, arrays) -> tuple:
     return MPI.COMM_WORLD, f"comm={comm!r}: expected an mpi4py communicator such as MPI.COMM_WORLD"
 
 
-CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
 #: Runtimes (communicators, datatypes, tables: ~25 kB and up) a program keeps per communicator, the most recent.
 RUNTIMES_KEPT = 8
 _COMMUNICATORS = itertools.count()   # a token per communicator a program ran on (see kept_on)
 #: The memory of a plan made with memory to spare (reports compare a plan with it): 2**62 bytes per rank.
 UNLIMITED = 2**62
-#: The modes an emitted script supports.
-SCRIPT_INPUTS, SCRIPT_RESULTS = ("global", "root"), ("all", "root")
 
 _PINNED = [0]  # the most ranks per node this process pinned its BLAS threads for (a local action)
 
@@ -277,13 +274,11 @@ class Program:
     def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None, inputs: str | None = None,
                   result: str | None = None) -> Path:
         """Write a standalone mpi4py program; atomic write. Its inputs start (and its result ends) as
-        ``inputs`` and ``result`` say, by default as compiled: 'global' or 'root', 'all' or 'root'. A program
-        compiled with ``device='gpu'`` also carries the GPU path (run it with ``--device gpu``)."""
+        ``inputs`` and ``result`` say, by default as compiled: with 'local' inputs each rank reads only its
+        block of each ``--load`` file (in the plan's entry layout), with a 'distributed' result it writes only
+        its block of ``--save``. A program compiled with ``device='gpu'`` also carries the GPU path (run it
+        with ``--device gpu``)."""
         inputs, result = inputs or self.inputs, result or self.result
-        if inputs not in SCRIPT_INPUTS or result not in SCRIPT_RESULTS:
-            raise DeinsumError(f"inputs={inputs!r}, result={result!r}: an emitted script reads whole inputs and "
-                               f"returns the whole result (inputs {' or '.join(SCRIPT_INPUTS)}, "
-                               f"result {' or '.join(SCRIPT_RESULTS)})")
         check_output_path(path, DeinsumError)
         text = generate(self.plan(nprocs=nprocs, dtype=dtype, inputs=inputs, result=result), self.device).encode()
         write_atomically(path, lambda f: f.write(text), DeinsumError)   # every rank may call it

@@ -260,33 +260,6 @@ def save_atomically(path, array, error=ValueError):
     write_atomically(path, lambda f: np.save(f, array, allow_pickle=False), error)
 
 
-def load_npy(path, shape, dtype, casting="safe", what="input", error=ValueError):
-    """The array in the ``.npy`` file ``path`` as ``dtype``, or a one-line ``error``: missing or
-    empty file, not a ``.npy`` (e.g. ``.npz``), non-numeric data, wrong shape, or a cast
-    ``numpy.can_cast`` refuses under ``casting``."""
-    dtype = np.dtype(dtype)
-    if os.path.isdir(path):
-        raise error(f"{what} {path}: a directory, not a .npy file")
-    if not os.path.isfile(path):
-        raise error(f"{what} {path}: no such file" if not os.path.exists(path) else f"{what} {path}: not a regular file")
-    if os.path.getsize(path) == 0:
-        raise error(f"{what} {path}: the file is empty")
-    try:
-        x = np.load(path, allow_pickle=False)
-    except Exception as exc:  # noqa: BLE001 - numpy raises many types for bad files
-        raise error(f"{what} {path}: not a readable .npy file ({_one_line(exc)})") from None
-    if not isinstance(x, np.ndarray):
-        if hasattr(x, "close"):
-            x.close()
-        raise error(f"{what} {path}: expected one array in a .npy file, not an .npz archive")
-    if x.dtype.kind not in "biufc":
-        raise error(f"{what} {path}: non-numeric data of dtype {x.dtype}")
-    if x.shape != tuple(shape):
-        raise error(f"{what} {path}: expected shape {tuple(shape)}, not {x.shape}")
-    check_cast(x.dtype, dtype, casting, f"{what} {path}", error)
-    return x.astype(dtype, copy=False)
-
-
 def check_cast(source, target, casting, what, error=ValueError):
     """Raise ``error`` if numpy's ``casting`` rule forbids ``source`` -> ``target`` (as ``numpy.einsum``).
 

@@ -17,10 +17,12 @@ from ..footprint import peak_bytes
 from ..layout import Layout
 from ..tables import rank_tables
 from ..memory import as_bytes, default_memory
-from .checks import agree, check_launch, check_memory, check_output_path, collectively, load_npy, matches, max_error
+from .checks import agree, check_launch, check_memory, check_output_path, collectively, matches, max_error
 from .checks import node_place
 from .checks import save_atomically, validation_operands
+from .exchange import exchange
 from .kernels import reference_einsum
+from .npyio import expect, load_npy, npy_header, read_block, save_blocks
 from .runner import PHASES, Runtime, pin_blas_threads
 
 
@@ -44,16 +46,30 @@ def check_sizes(options, planned):
                                    f"emit it again for other sizes")
 
 
-STARTS = {"global": "on every rank", "root": "on rank 0"}
-ENDS = {"all": "on every rank", "root": "on rank 0"}
+STARTS = {"global": "on every rank", "root": "on rank 0", "local": "as each rank's block"}
+ENDS = {"all": "on every rank", "root": "on rank 0", "distributed": "as each rank's block"}
 
 
 def load_operands(paths, shapes, dtype):
-    """Load the ``.npy`` inputs (numpy's ``safe`` casting to the program's dtype)."""
-    if len(paths) != len(shapes):
-        raise ProgramError(f"--load takes {len(shapes)} files, got {len(paths)}")
+    """Load the ``.npy`` inputs whole (numpy's ``safe`` casting to the program's dtype)."""
     return [load_npy(path, shape, dtype, "safe", f"--load operand {n}", ProgramError)
             for n, (path, shape) in enumerate(zip(paths, shapes))]
+
+
+def local_operands(comm, ns, paths, seed):
+    """Collective: this rank's block of each operand in the plan's entry layout (``ENTRY``), read from the
+    ``--load`` files (only its block) or cut from the random operands (made whole on every rank)."""
+    entry, dtype = [Layout(*layout) for layout in ns["ENTRY"]], np.dtype(ns["DTYPE"])
+    if not paths:
+        whole = validation_operands(ns["INPUT_SHAPES"], dtype, seed)
+        return [None if b is None else x[b].copy() for x, b in zip(whole, (e.block(comm.rank) for e in entry))]
+    blocks = []
+    for n, (path, layout) in enumerate(zip(paths, entry)):
+        head = npy_header(comm, path, f"--load operand {n}", ProgramError)
+        expect(head, layout.shape, dtype, "safe", f"--load operand {n} {path}", ProgramError)   # alike everywhere
+        block = read_block(comm, path, head, layout.block(comm.rank), ProgramError)
+        blocks.append(None if block is None else block.astype(dtype, copy=False))
+    return blocks
 
 
 def summarize(samples):
@@ -80,12 +96,17 @@ def script_runtime(ns, comm, device=None):
 def script_main(ns, argv=None):
     """Command-line driver of an emitted program (``ns`` = the program's globals)."""
     comm = MPI.COMM_WORLD
+    local = ns["INPUTS"] == "local" or ns["RESULT"] == "distributed"   # blocks, not whole arrays, on some side
     parser = argparse.ArgumentParser(description=f"deinsum program for {ns['EQUATION']!r} on {ns['NPROCS']} ranks")
     parser.add_argument("--size", action="append", default=[], help="check planned sizes, e.g. i=64,j=32")
     parser.add_argument("--load", nargs="+", default=None, metavar="NPY",
                         help=f".npy files, one per operand (read {STARTS[ns['INPUTS']]}; default random)")
-    parser.add_argument("--save", default=None, metavar="NPY", help="write the result to this .npy file (rank 0)")
-    parser.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0")
+    parser.add_argument("--save", default=None, metavar="NPY",
+                        help="write the result to this .npy file (" + (
+                            "each rank its block)" if ns["RESULT"] == "distributed" else "rank 0)"))
+    parser.add_argument("--validate", action="store_true",
+                        help="compare with numpy.einsum on rank 0" + (
+                            ", which then holds the whole operands and result: small problems only" if local else ""))
     parser.add_argument("--repeat", type=int, default=1, help="run K times; report median [min, max]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument("--memory", default=None,
@@ -110,7 +131,10 @@ def script_main(ns, argv=None):
         check_memory(need, limit, "this program", comm.rank, ProgramError)
         if comm.rank == 0 and args.save is not None:
             check_output_path(args.save, ProgramError)
-        if comm.rank == 0 or ns["INPUTS"] == "global":
+        if args.load and len(args.load) != len(ns["INPUT_SHAPES"]):
+            raise ProgramError(f"--load takes {len(ns['INPUT_SHAPES'])} files, got {len(args.load)}")
+        # whole operands: the inputs where they start whole, rank 0's reference where --validate compares
+        if ns["INPUTS"] == "global" or comm.rank == 0 and (ns["INPUTS"] == "root" or args.validate):
             if args.load:
                 operands = load_operands(args.load, ns["INPUT_SHAPES"], ns["DTYPE"])
             else:
@@ -120,20 +144,16 @@ def script_main(ns, argv=None):
     # the same arguments everywhere (else --repeat could differ and hang), and no failure anywhere
     if not _agreed(comm, {"equation": ns["EQUATION"], "argv": sys.argv[1:] if argv is None else argv}, failure):
         return 2
-    if operands is None:
+    whole = operands
+    if ns["INPUTS"] == "local":
+        operands = _on_every_rank(comm, local_operands, comm, ns, args.load, args.seed)
+    elif operands is None:
         operands = [None] * len(ns["INPUT_SHAPES"])
     device = None
     if args.device == "gpu":
-        try:
-            if ns["OPEN_DEVICE"] is None:
-                raise ProgramError("this program was emitted for the CPU: emit it with device='gpu' "
-                                   "(deinsum emit --device gpu) to run it with --device gpu")
-            device = ns["OPEN_DEVICE"](comm, ProgramError)
-            collectively(comm, device.check_memory, need, ProgramError, error=ProgramError)
-        except ProgramError as exc:   # raised on every rank alike (both agree first)
-            if comm.rank == 0:
-                print(f"error: {exc}", file=sys.stderr)
-            return 2
+        device = _on_every_rank(comm, open_device, comm, ns, need)
+    if operands is False or device is False:
+        return 2
     threads = pin_blas_threads(node_ranks)
     runs = []
     with script_runtime(ns, comm, device) as rt:
@@ -148,22 +168,52 @@ def script_main(ns, argv=None):
             runs.append((MPI.Wtime() - start, rt.clock.seconds, rt.log))
         model = rt.model_bytes
     report(comm, ns, runs, threads, model, device)
+    blocks, exit_layout = result, Layout(*ns["EXIT"])
+    if args.validate and ns["RESULT"] == "distributed":   # the whole result on rank 0
+        result = exchange(comm, rank_tables(exit_layout, Layout.on_root(exit_layout.shape, comm.size), comm.size,
+                                            comm.rank), blocks, ns["DTYPE"])
     status, failure = 0, None
     if comm.rank == 0:
         try:
             if args.validate:
-                want = reference_einsum(ns["EQUATION"], *operands)
+                want = reference_einsum(ns["EQUATION"], *whole)
                 ok = matches(result, want, ns["DTYPE"])
                 print(f"validate: {'OK' if ok else 'MISMATCH'} (max abs error {max_error(result, want):.3g})")
                 status = 0 if ok else 1
-            if args.save is not None:
+            if args.save is not None and ns["RESULT"] != "distributed":
                 save_atomically(args.save, result, ProgramError)
                 print(f"wrote {args.save}")
         except Exception as exc:  # noqa: BLE001 - e.g. a full disk: one line, and no rank left waiting
             failure = f"{type(exc).__name__}: {exc}"
     if not _agreed(comm, {}, failure):
         return 2
+    if args.save is not None and ns["RESULT"] == "distributed":
+        if _on_every_rank(comm, save_blocks, comm, args.save, blocks, exit_layout, ns["DTYPE"], ProgramError) is False:
+            return 2
+        if comm.rank == 0:
+            print(f"wrote {args.save} (each rank its block)")
     return comm.bcast(status, root=0)
+
+
+def open_device(comm, ns, need):
+    """Collective: the GPU of this rank, once every rank has one with ``need`` bytes free."""
+    if ns["OPEN_DEVICE"] is None:
+        raise ProgramError("this program was emitted for the CPU: emit it with device='gpu' "
+                           "(deinsum emit --device gpu) to run it with --device gpu")
+    device = ns["OPEN_DEVICE"](comm, ProgramError)
+    collectively(comm, device.check_memory, need, ProgramError, error=ProgramError)
+    return device
+
+
+def _on_every_rank(comm, step, *args):
+    """``step(*args)``, a collective step whose ProgramError every rank raises alike: its value, or False
+    once rank 0 has printed the error."""
+    try:
+        return step(*args)
+    except ProgramError as exc:
+        if comm.rank == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return False
 
 
 def _agreed(comm, facts, failure):
