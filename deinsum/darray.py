@@ -38,7 +38,8 @@ import numpy as np
 from .darray_numpy import NumpyProtocols
 from .runtime.checks import agree, check_launch, collectively
 from .runtime.exchange import exchange
-from .runtime.npyio import expect, npy_header, read_block, save_blocks
+from .runtime.npyfile import expect
+from .runtime.npyio import npy_header, read_block, save_blocks
 from .errors import CASTINGS, DeinsumError, as_dtype, check_choice
 from .layout import Layout, pin_layout
 from .schedule import Move

@@ -28,12 +28,13 @@ from .schedule import Move, Prepass
 from .version import __version__
 
 #: The package files (under deinsum/) an emitted script carries, byte for byte (one emitted for the GPU also
-#: carries :data:`GPU_RUNTIME`).
+#: carries :data:`GPU_RUNTIME`; one whose inputs are local or result distributed, :data:`BLOCK_RUNTIME`).
 RUNTIME = ("errors.py", "memory.py", "layout.py", "tables.py", "footprint.py", "runtime/__init__.py",
            "runtime/exchange.py", "runtime/libraries.py", "runtime/cost.py", "runtime/gemm.py", "runtime/blas.py",
            "runtime/mttkrp.py", "runtime/ttm.py", "runtime/kernels.py", "runtime/checks.py", "runtime/runner.py",
-           "runtime/npyio.py", "runtime/driver.py")
+           "runtime/npyfile.py", "runtime/driver.py")
 GPU_RUNTIME = ("runtime/gpu.py",)
+BLOCK_RUNTIME = ("runtime/npyio.py",)
 #: What the driver (and the test harness that runs a script's own code) takes from the runtime.
 ENTRY = ("exit_with", "script_main", "script_runtime", "validation_operands")
 #: The line that opens the runtime's part of a script.
@@ -49,21 +50,23 @@ def _name(name: str) -> str:
     return name
 
 
-def runtime_files(device: str = "cpu") -> tuple[str, ...]:
-    """The package files a script emitted for ``device`` carries."""
-    return RUNTIME + (GPU_RUNTIME if device == "gpu" else ())
+def runtime_files(device: str = "cpu", blocks: bool = False) -> tuple[str, ...]:
+    """The package files a script emitted for ``device`` carries (with ``blocks``, the block I/O of local inputs
+    and distributed results too)."""
+    return RUNTIME + (GPU_RUNTIME if device == "gpu" else ()) + (BLOCK_RUNTIME if blocks else ())
 
 
-@lru_cache(maxsize=2)
-def runtime_payload(device: str = "cpu") -> str:
+@lru_cache(maxsize=4)
+def runtime_payload(device: str = "cpu", blocks: bool = False) -> str:
     """The :func:`runtime_files` as one payload (:func:`deinsum.runtime.bundle.pack`; read once per process)."""
-    return pack({path: (_PACKAGE / path).read_text() for path in runtime_files(device)})
+    return pack({path: (_PACKAGE / path).read_text() for path in runtime_files(device, blocks)})
 
 
-def runtime_part(device: str = "cpu") -> str:
+def runtime_part(device: str = "cpu", blocks: bool = False) -> str:
     """The script's runtime: :mod:`deinsum.runtime.bundle` verbatim, the payload, its installation and the
-    imports of the entry points (and, with ``device='gpu'``, of ``open_device``)."""
-    payload, files = runtime_payload(device), runtime_files(device)
+    imports of the entry points (and, with ``device='gpu'``, of ``open_device``; with ``blocks``, of the block
+    I/O module as ``BLOCK_IO``)."""
+    payload, files = runtime_payload(device, blocks), runtime_files(device, blocks)
     package = package_name(payload)
     width = 100
     chunks = "\n".join(f'    "{payload[k:k + width]}"' for k in range(0, len(payload), width))
@@ -76,7 +79,10 @@ def runtime_part(device: str = "cpu") -> str:
              f"from {package}.runtime.driver import {', '.join(ENTRY)}  # noqa: E402"]
     if device == "gpu":
         lines.append(f"from {package}.runtime.gpu import open_device as OPEN_DEVICE  # noqa: E402")
-    harness = ["run", "script_runtime", "validation_operands"] + (["OPEN_DEVICE"] if device == "gpu" else [])
+    if blocks:
+        lines.append(f"from {package}.runtime import npyio as BLOCK_IO  # noqa: E402")
+    harness = ["run", "script_runtime", "validation_operands"] + (["OPEN_DEVICE"] if device == "gpu" else []) + (
+        ["BLOCK_IO"] if blocks else [])
     lines.append(f"__all__ = {harness!r}   # what the driver and a test harness take from this module")
     return "\n".join(lines)
 
@@ -102,8 +108,10 @@ def _literal(layout) -> str:
 
 def generate(plan, device: str = "cpu") -> str:
     """The program's source text (see module docstring); with ``device='gpu'`` it also carries the GPU path
-    (:mod:`deinsum.runtime.gpu`) and runs there with ``--device gpu``."""
+    (:mod:`deinsum.runtime.gpu`) and runs there with ``--device gpu``; with local inputs or a distributed result
+    it carries the block I/O (:mod:`deinsum.runtime.npyio`)."""
     d = plan.decomposition
+    blocks = plan.inputs == "local" or plan.result == "distributed"
     shapes = list(d.raw_shapes)
     sizes = {c: d.sizes[c] for c in sorted(set("".join(d.raw_subscripts)))}
     header = [
@@ -132,6 +140,8 @@ def generate(plan, device: str = "cpu") -> str:
         f"INPUT_SHAPES = {shapes!r}",
         "# --device gpu runs the local contractions with CuPy: OPEN_DEVICE comes with the runtime" if device == "gpu"
         else "OPEN_DEVICE = None  # emitted for the CPU (emit with device='gpu' for --device gpu)",
+        "# local inputs or a distributed result: each rank reads and writes its blocks with BLOCK_IO (runtime)"
+        if blocks else "BLOCK_IO = None  # whole inputs and result: no block I/O carried",
         "# the layouts: (shape, grid, axes, partial); axes[x] = the grid dimension(s) splitting axis x, partial =",
         "# the grid dimensions over which blocks hold partial sums",
         "\n".join(f"{name} = {_literal(layout)}" for layout, name in names.items()),
@@ -153,7 +163,7 @@ def generate(plan, device: str = "cpu") -> str:
     for g in plan.groups:
         data.append(f"GRID{g.index} = {tuple(g.grid.dims)!r}  # ({', '.join(g.indices)})")
     footer = ["if __name__ == '__main__':", "    exit_with(script_main(globals()))", ""]
-    return "\n\n\n".join(["\n".join(header), "\n".join(data), _listing(plan).rstrip("\n"), runtime_part(device),
+    return "\n\n\n".join(["\n".join(header), "\n".join(data), _listing(plan).rstrip("\n"), runtime_part(device, blocks),
                            "\n".join(footer)])
 
 

@@ -141,7 +141,8 @@ def test_runtime_modules_are_standalone():
                "base64", "json", "linecache", "lzma", "time",
                "hashlib", "importlib", "tempfile", "__future__", "dataclasses", "typing"}
     for device in ("cpu", "gpu"):   # a script for the CPU carries no GPU code: nothing it runs imports it
-        _check_carried(runtime_files(device), allowed)
+        for blocks in (False, True):   # nor one of whole inputs and result the block I/O
+            _check_carried(runtime_files(device, blocks), allowed)
 
 
 def _check_carried(files, allowed):

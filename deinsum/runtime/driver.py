@@ -22,7 +22,7 @@ from .checks import node_place
 from .checks import save_atomically, validation_operands
 from .exchange import exchange
 from .kernels import reference_einsum
-from .npyio import expect, load_npy, npy_header, read_block, save_blocks
+from .npyfile import load_npy
 from .runner import PHASES, Runtime, pin_blas_threads
 
 
@@ -58,18 +58,13 @@ def load_operands(paths, shapes, dtype):
 
 def local_operands(comm, ns, paths, seed):
     """Collective: this rank's block of each operand in the plan's entry layout (``ENTRY``), read from the
-    ``--load`` files (only its block) or cut from the random operands (made whole on every rank)."""
+    ``--load`` files (only its block, by the script's ``BLOCK_IO``) or cut from the random operands (made whole
+    on every rank)."""
     entry, dtype = [Layout(*layout) for layout in ns["ENTRY"]], np.dtype(ns["DTYPE"])
-    if not paths:
-        whole = validation_operands(ns["INPUT_SHAPES"], dtype, seed)
-        return [None if b is None else x[b].copy() for x, b in zip(whole, (e.block(comm.rank) for e in entry))]
-    blocks = []
-    for n, (path, layout) in enumerate(zip(paths, entry)):
-        head = npy_header(comm, path, f"--load operand {n}", ProgramError)
-        expect(head, layout.shape, dtype, "safe", f"--load operand {n} {path}", ProgramError)   # alike everywhere
-        block = read_block(comm, path, head, layout.block(comm.rank), ProgramError)
-        blocks.append(None if block is None else block.astype(dtype, copy=False))
-    return blocks
+    if paths:
+        return ns["BLOCK_IO"].load_blocks(comm, paths, entry, dtype, "--load operand", ProgramError)
+    whole = validation_operands(ns["INPUT_SHAPES"], dtype, seed)
+    return [None if b is None else x[b].copy() for x, b in zip(whole, (e.block(comm.rank) for e in entry))]
 
 
 def summarize(samples):
@@ -188,7 +183,9 @@ def script_main(ns, argv=None):
     if not _agreed(comm, {}, failure):
         return 2
     if args.save is not None and ns["RESULT"] == "distributed":
-        if _on_every_rank(comm, save_blocks, comm, args.save, blocks, exit_layout, ns["DTYPE"], ProgramError) is False:
+        saved = _on_every_rank(comm, ns["BLOCK_IO"].save_blocks, comm, args.save, blocks, exit_layout, ns["DTYPE"],
+                               ProgramError)
+        if saved is False:
             return 2
         if comm.rank == 0:
             print(f"wrote {args.save} (each rank its block)")

@@ -1,7 +1,8 @@
 """Parallel ``.npy`` files: every rank reads or writes only its own block, through MPI-IO.
 
-STANDALONE: numpy, mpi4py and the sibling runtime modules (emitted scripts carry it). Rank 0 reads a
-file's header (format 1, 2 or 3; C or Fortran order; either byte order) and broadcasts it; each rank then
+STANDALONE: numpy, mpi4py and the sibling runtime modules (scripts emitted with local inputs or a
+distributed result carry it). Rank 0 reads a file's header (:mod:`.npyfile`: format 1, 2 or 3; C or
+Fortran order; either byte order) and broadcasts it; each rank then
 reads its block with one collective ``Read_all`` through a subarray file view. A save writes a temporary
 file beside the target (rank 0 the header and the size, each rank its block, one copy of a replicated
 block) and renames it onto the target once every rank has written: a failed or killed save leaves the
@@ -21,57 +22,13 @@ previous file or none. Failures are one line, raised on every rank alike (``erro
 """
 import contextlib
 import os
-from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 from numpy.lib import format as npformat
 
-from .checks import agree, check_cast, collectively, remove_quietly, sigterm_raises, temporary_beside
-
-
-class Header(NamedTuple):
-    """What a ``.npy`` header says: the array's shape, its dtype as stored, whether it is in Fortran
-    order, and where its data start."""
-
-    shape: tuple
-    dtype: np.dtype
-    fortran: bool
-    offset: int
-
-
-def read_header(path, what="input", error=ValueError):
-    """The :class:`Header` of the ``.npy`` file ``path`` (this process alone), or a one-line ``error``: a
-    missing, empty or truncated file, no ``.npy`` (an ``.npz`` too), Python objects, non-numeric data."""
-    if os.path.isdir(path):
-        raise error(f"{what} {path}: a directory, not a .npy file")
-    if not os.path.isfile(path):
-        raise error(f"{what} {path}: no such file" if not os.path.exists(path) else f"{what} {path}: not a regular file")
-    size = os.path.getsize(path)
-    if size == 0:
-        raise error(f"{what} {path}: the file is empty")
-    with open(path, "rb") as f:
-        if f.read(4) == b"PK\x03\x04":
-            raise error(f"{what} {path}: expected one array in a .npy file, not an .npz archive")
-        f.seek(0)
-        try:
-            version = npformat.read_magic(f)
-            if version not in ((1, 0), (2, 0), (3, 0)):
-                raise ValueError(f"format version {version[0]}.{version[1]}, expected 1.0, 2.0 or 3.0")
-            # 3.0 differs from 2.0 only in the header's encoding (UTF-8): the same for a numeric dtype
-            read = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
-            shape, fortran, dtype = read(f)
-        except Exception as exc:  # noqa: BLE001 - numpy raises many types for bad files
-            raise error(f"{what} {path}: not a readable .npy file ({' '.join(str(exc).split())})") from None
-        offset = f.tell()
-    if dtype.hasobject:
-        raise error(f"{what} {path}: holds Python objects (a pickled array), which is never loaded")
-    if dtype.kind not in "biufc":
-        raise error(f"{what} {path}: non-numeric data of dtype {dtype}")
-    data = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if size < offset + data:
-        raise error(f"{what} {path}: truncated: {size - offset:,} bytes of data, expected {data:,}")
-    return Header(tuple(shape), dtype, fortran, offset)
+from .checks import agree, collectively, remove_quietly, sigterm_raises, temporary_beside
+from .npyfile import Header, expect, read_header
 
 
 def npy_header(comm, path, what="input", error=ValueError):
@@ -88,19 +45,17 @@ def npy_header(comm, path, what="input", error=ValueError):
     return verdict
 
 
-def expect(head, shape, dtype, casting, where, error=ValueError):
-    """Raise a one-line ``error`` unless the file of ``head`` holds ``shape`` in a dtype that numpy's ``casting``
-    rule turns into ``dtype``."""
-    if head.shape != tuple(shape):
-        raise error(f"{where}: expected shape {tuple(shape)}, not {head.shape}")
-    check_cast(head.dtype, dtype, casting, where, error)
-
-
-def load_npy(path, shape, dtype, casting="safe", what="input", error=ValueError):
-    """The whole array in the ``.npy`` file ``path`` as ``dtype`` (this process alone), or a one-line ``error``:
-    those of :func:`read_header` and :func:`expect`."""
-    expect(read_header(path, what, error), shape, dtype, casting, f"{what} {path}", error)
-    return np.load(path, allow_pickle=False).astype(dtype, copy=False)
+def load_blocks(comm, paths, layouts, dtype, what="input", error=ValueError):
+    """Collective: this rank's block of the array in each file of ``paths`` under the matching layout, cast to
+    ``dtype`` by numpy's ``safe`` rule (None where the rank holds none); ``what`` and the file's number name it
+    in errors."""
+    blocks = []
+    for n, (path, layout) in enumerate(zip(paths, layouts)):
+        head = npy_header(comm, path, f"{what} {n}", error)
+        expect(head, layout.shape, dtype, "safe", f"{what} {n} {path}", error)   # one header: alike everywhere
+        block = read_block(comm, path, head, layout.block(comm.rank), error)
+        blocks.append(None if block is None else block.astype(dtype, copy=False))
+    return blocks
 
 
 def read_block(comm, path, header, block, error=ValueError):
