@@ -121,6 +121,7 @@ import numpy as np
 seconds = {}
 t = time.perf_counter(); x = np.load(sys.argv[1]); seconds["np.load"] = time.perf_counter() - t
 t = time.perf_counter(); np.save(sys.argv[2], x); seconds["np.save"] = time.perf_counter() - t
+os.unlink(sys.argv[2])   # each save writes a new file, as the parallel save's temporary is
 t = time.perf_counter()
 with open(sys.argv[2], "wb") as f:
     np.save(f, x)
@@ -163,11 +164,13 @@ def main(argv=None) -> int:
         numpy_script = folder / "numpy_io.py"
         numpy_script.write_text(NUMPY)
         runs, baseline = [], []
-        for _ in range(args.repeat):   # interleaved: the parallel launch, then one numpy process
-            runs.append(mpiexec(args.nprocs, "--worker", *map(str, paths), out)[0])
+        for _ in range(args.repeat):   # interleaved: the parallel launch, then one numpy process; each writes
+            runs.append(mpiexec(args.nprocs, "--worker", *map(str, paths), out)[0])   # new files (the last
+            _remove(out + ".x.npy", out + ".m.npy")                                     # run's removed)
             res = subprocess.run([sys.executable, str(numpy_script), str(paths[0]), out + ".np.npy"],
                                  capture_output=True, text=True, check=True, timeout=1800)
             baseline.append(json.loads(res.stdout))
+            _remove(out + ".np.npy")
         n = round((size / 8) ** (1 / 3))
         prog = deinsum.compile(EQUATION, (n, n, n), (n, args.rank), (n, args.rank), inputs="local",
                                result="distributed")
@@ -204,6 +207,11 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps({"runs": runs, "numpy": baseline, "table": table, "emitted": emitted,
                                          "bytes": size, "nprocs": args.nprocs}, indent=2))
     return 0
+
+
+def _remove(*paths: str) -> None:
+    for path in paths:
+        Path(path).unlink(missing_ok=True)
 
 
 def _cpu() -> str:
