@@ -36,9 +36,8 @@ from typing import Callable
 import numpy as np
 
 from .darray_numpy import NumpyProtocols
-from .runtime.checks import agree, check_launch, collectively
+from .runtime.checks import agree, check_npy_data, check_launch, collectively
 from .runtime.exchange import exchange
-from .runtime.npyfile import expect
 from .runtime.npyio import npy_header, read_block, save_blocks
 from .errors import CASTINGS, DeinsumError, as_dtype, check_choice
 from .layout import Layout, pin_layout
@@ -151,7 +150,7 @@ class DistributedArray(NumpyProtocols):
         def check():
             check_choice("casting", casting, CASTINGS)
             want = head.dtype.newbyteorder("=") if dtype is None else np.dtype(dtype)
-            expect(head, head.shape if shape is None else shape, want, casting, f"load {path}", DeinsumError)
+            check_npy_data(head.shape, head.dtype, shape, want, casting, f"load {path}", DeinsumError)
             return want, as_layout(layout, head.shape, comm.size)
 
         want, lay = collectively(comm, check, error=DeinsumError)

@@ -32,7 +32,7 @@ from .version import __version__
 RUNTIME = ("errors.py", "memory.py", "layout.py", "tables.py", "footprint.py", "runtime/__init__.py",
            "runtime/exchange.py", "runtime/libraries.py", "runtime/cost.py", "runtime/gemm.py", "runtime/blas.py",
            "runtime/mttkrp.py", "runtime/ttm.py", "runtime/kernels.py", "runtime/checks.py", "runtime/runner.py",
-           "runtime/npyfile.py", "runtime/driver.py")
+           "runtime/driver.py")
 GPU_RUNTIME = ("runtime/gpu.py",)
 BLOCK_RUNTIME = ("runtime/npyio.py",)
 #: What the driver (and the test harness that runs a script's own code) takes from the runtime.

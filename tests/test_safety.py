@@ -11,7 +11,7 @@ import pytest
 
 import deinsum
 from deinsum.cli import main
-from deinsum.runtime import checks, npyfile
+from deinsum.runtime import checks
 from deinsum.memory import default_memory
 from deinsum.footprint import footprint
 from deinsum.program import check_footprint
@@ -112,10 +112,10 @@ def test_atomic_write_leaves_nothing_behind_on_failure(tmp_path):
 
 def test_load_npy_casting_follows_numpy(tmp_path):
     np.save(tmp_path / "f.npy", np.ones(3, np.float32))
-    assert npyfile.load_npy(tmp_path / "f.npy", (3,), np.float64).dtype == np.float64
+    assert checks.load_npy(tmp_path / "f.npy", (3,), np.float64).dtype == np.float64
     with pytest.raises(ValueError, match="cannot cast float32 to int64 under casting='safe'"):
-        npyfile.load_npy(tmp_path / "f.npy", (3,), np.int64)
-    assert npyfile.load_npy(tmp_path / "f.npy", (3,), np.int64, casting="unsafe").tolist() == [1, 1, 1]
+        checks.load_npy(tmp_path / "f.npy", (3,), np.int64)
+    assert checks.load_npy(tmp_path / "f.npy", (3,), np.int64, casting="unsafe").tolist() == [1, 1, 1]
 
 
 def test_tolerance_is_loose_enough_for_float16_and_exact_for_integers():

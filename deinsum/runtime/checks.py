@@ -260,6 +260,47 @@ def save_atomically(path, array, error=ValueError):
     write_atomically(path, lambda f: np.save(f, array, allow_pickle=False), error)
 
 
+def check_npy_file(path, what="input", error=ValueError):
+    """The size of ``path``, a ``.npy`` file to read, or a one-line ``error``: a directory, a missing, special
+    or empty file."""
+    if os.path.isdir(path):
+        raise error(f"{what} {path}: a directory, not a .npy file")
+    if not os.path.isfile(path):
+        raise error(f"{what} {path}: no such file" if not os.path.exists(path) else f"{what} {path}: not a regular file")
+    size = os.path.getsize(path)
+    if size == 0:
+        raise error(f"{what} {path}: the file is empty")
+    return size
+
+
+def check_npy_data(shape, dtype, want_shape, want_dtype, casting, where, error=ValueError):
+    """Raise a one-line ``error`` unless a ``.npy`` file's array of ``shape`` and ``dtype`` holds numbers, of
+    ``want_shape`` and in a dtype numpy's ``casting`` rule turns into ``want_dtype`` (each if not None)."""
+    if dtype.hasobject:
+        raise error(f"{where}: holds Python objects (a pickled array), which is never loaded")
+    if dtype.kind not in "biufc":
+        raise error(f"{where}: non-numeric data of dtype {dtype}")
+    if want_shape is not None and shape != tuple(want_shape):
+        raise error(f"{where}: expected shape {tuple(want_shape)}, not {shape}")
+    if want_dtype is not None:
+        check_cast(dtype, want_dtype, casting, where, error)
+
+
+def load_npy(path, shape, dtype, casting="safe", what="input", error=ValueError):
+    """The array in the ``.npy`` file ``path`` as ``dtype``, or a one-line ``error``: those of
+    :func:`check_npy_file` and :func:`check_npy_data`, not a ``.npy`` (e.g. ``.npz``)."""
+    check_npy_file(path, what, error)
+    try:
+        x = np.load(path, allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 - numpy raises many types for bad files
+        raise error(f"{what} {path}: not a readable .npy file ({_one_line(exc)})") from None
+    if not isinstance(x, np.ndarray):
+        x.close()
+        raise error(f"{what} {path}: expected one array in a .npy file, not an .npz archive")
+    check_npy_data(x.shape, x.dtype, shape, dtype, casting, f"{what} {path}", error)
+    return x.astype(dtype, copy=False)
+
+
 def check_cast(source, target, casting, what, error=ValueError):
     """Raise ``error`` if numpy's ``casting`` rule forbids ``source`` -> ``target`` (as ``numpy.einsum``).
 

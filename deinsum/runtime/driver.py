@@ -17,12 +17,10 @@ from ..footprint import peak_bytes
 from ..layout import Layout
 from ..tables import rank_tables
 from ..memory import as_bytes, default_memory
-from .checks import agree, check_launch, check_memory, check_output_path, collectively, matches, max_error
+from .checks import agree, check_launch, check_memory, check_output_path, collectively, load_npy, matches, max_error
 from .checks import node_place
 from .checks import save_atomically, validation_operands
-from .exchange import exchange
 from .kernels import reference_einsum
-from .npyfile import load_npy
 from .runner import PHASES, Runtime, pin_blas_threads
 
 
@@ -51,20 +49,9 @@ ENDS = {"all": "on every rank", "root": "on rank 0", "distributed": "as each ran
 
 
 def load_operands(paths, shapes, dtype):
-    """Load the ``.npy`` inputs whole (numpy's ``safe`` casting to the program's dtype)."""
+    """Load the ``.npy`` inputs (numpy's ``safe`` casting to the program's dtype)."""
     return [load_npy(path, shape, dtype, "safe", f"--load operand {n}", ProgramError)
             for n, (path, shape) in enumerate(zip(paths, shapes))]
-
-
-def local_operands(comm, ns, paths, seed):
-    """Collective: this rank's block of each operand in the plan's entry layout (``ENTRY``), read from the
-    ``--load`` files (only its block, by the script's ``BLOCK_IO``) or cut from the random operands (made whole
-    on every rank)."""
-    entry, dtype = [Layout(*layout) for layout in ns["ENTRY"]], np.dtype(ns["DTYPE"])
-    if paths:
-        return ns["BLOCK_IO"].load_blocks(comm, paths, entry, dtype, "--load operand", ProgramError)
-    whole = validation_operands(ns["INPUT_SHAPES"], dtype, seed)
-    return [None if b is None else x[b].copy() for x, b in zip(whole, (e.block(comm.rank) for e in entry))]
 
 
 def summarize(samples):
@@ -91,17 +78,14 @@ def script_runtime(ns, comm, device=None):
 def script_main(ns, argv=None):
     """Command-line driver of an emitted program (``ns`` = the program's globals)."""
     comm = MPI.COMM_WORLD
-    local = ns["INPUTS"] == "local" or ns["RESULT"] == "distributed"   # blocks, not whole arrays, on some side
     parser = argparse.ArgumentParser(description=f"deinsum program for {ns['EQUATION']!r} on {ns['NPROCS']} ranks")
     parser.add_argument("--size", action="append", default=[], help="check planned sizes, e.g. i=64,j=32")
     parser.add_argument("--load", nargs="+", default=None, metavar="NPY",
                         help=f".npy files, one per operand (read {STARTS[ns['INPUTS']]}; default random)")
     parser.add_argument("--save", default=None, metavar="NPY",
-                        help="write the result to this .npy file (" + (
-                            "each rank its block)" if ns["RESULT"] == "distributed" else "rank 0)"))
-    parser.add_argument("--validate", action="store_true",
-                        help="compare with numpy.einsum on rank 0" + (
-                            ", which then holds the whole operands and result: small problems only" if local else ""))
+                        help="write the result to this .npy file (rank 0; a distributed result: each rank its block)")
+    parser.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0 (local inputs "
+                        "or a distributed result are gathered whole there: small problems only)")
     parser.add_argument("--repeat", type=int, default=1, help="run K times; report median [min, max]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument("--memory", default=None,
@@ -141,14 +125,24 @@ def script_main(ns, argv=None):
         return 2
     whole = operands
     if ns["INPUTS"] == "local":
-        operands = _on_every_rank(comm, local_operands, comm, ns, args.load, args.seed)
+        operands = _on_every_rank(comm, ns["BLOCK_IO"].local_blocks, comm, args.load, [Layout(*e) for e in ns["ENTRY"]],
+                                  ns["DTYPE"], args.seed, "--load operand", ProgramError)
     elif operands is None:
         operands = [None] * len(ns["INPUT_SHAPES"])
+    if operands is False:
+        return 2
     device = None
     if args.device == "gpu":
-        device = _on_every_rank(comm, open_device, comm, ns, need)
-    if operands is False or device is False:
-        return 2
+        try:
+            if ns["OPEN_DEVICE"] is None:
+                raise ProgramError("this program was emitted for the CPU: emit it with device='gpu' "
+                                   "(deinsum emit --device gpu) to run it with --device gpu")
+            device = ns["OPEN_DEVICE"](comm, ProgramError)
+            collectively(comm, device.check_memory, need, ProgramError, error=ProgramError)
+        except ProgramError as exc:   # raised on every rank alike (both agree first)
+            if comm.rank == 0:
+                print(f"error: {exc}", file=sys.stderr)
+            return 2
     threads = pin_blas_threads(node_ranks)
     runs = []
     with script_runtime(ns, comm, device) as rt:
@@ -165,8 +159,7 @@ def script_main(ns, argv=None):
     report(comm, ns, runs, threads, model, device)
     blocks, exit_layout = result, Layout(*ns["EXIT"])
     if args.validate and ns["RESULT"] == "distributed":   # the whole result on rank 0
-        result = exchange(comm, rank_tables(exit_layout, Layout.on_root(exit_layout.shape, comm.size), comm.size,
-                                            comm.rank), blocks, ns["DTYPE"])
+        result = ns["BLOCK_IO"].gather_on_root(comm, blocks, exit_layout, ns["DTYPE"])
     status, failure = 0, None
     if comm.rank == 0:
         try:
@@ -190,16 +183,6 @@ def script_main(ns, argv=None):
         if comm.rank == 0:
             print(f"wrote {args.save} (each rank its block)")
     return comm.bcast(status, root=0)
-
-
-def open_device(comm, ns, need):
-    """Collective: the GPU of this rank, once every rank has one with ``need`` bytes free."""
-    if ns["OPEN_DEVICE"] is None:
-        raise ProgramError("this program was emitted for the CPU: emit it with device='gpu' "
-                           "(deinsum emit --device gpu) to run it with --device gpu")
-    device = ns["OPEN_DEVICE"](comm, ProgramError)
-    collectively(comm, device.check_memory, need, ProgramError, error=ProgramError)
-    return device
 
 
 def _on_every_rank(comm, step, *args):

@@ -1,9 +1,9 @@
 """Parallel ``.npy`` files: every rank reads or writes only its own block, through MPI-IO.
 
 STANDALONE: numpy, mpi4py and the sibling runtime modules (scripts emitted with local inputs or a
-distributed result carry it). Rank 0 reads a file's header (:mod:`.npyfile`: format 1, 2 or 3; C or
-Fortran order; either byte order) and broadcasts it; each rank then
-reads its block with one collective ``Read_all`` through a subarray file view. A save writes a temporary
+distributed result carry it). Rank 0 reads a file's header (format 1, 2 or 3; C or Fortran order; either
+byte order) and broadcasts it; each rank then reads its block with one collective ``Read_all`` through a
+subarray file view. A save writes a temporary
 file beside the target (rank 0 the header and the size, each rank its block, one copy of a replicated
 block) and renames it onto the target once every rank has written: a failed or killed save leaves the
 previous file or none. Failures are one line, raised on every rank alike (``error`` is the class raised).
@@ -23,13 +23,52 @@ previous file or none. Failures are one line, raised on every rank alike (``erro
 import contextlib
 import errno
 import os
+from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 from numpy.lib import format as npformat
 
-from .checks import agree, collectively, remove_quietly, sigterm_raises, temporary_beside
-from .npyfile import Header, expect, read_header
+from .checks import agree, check_npy_data, check_npy_file, collectively, remove_quietly, sigterm_raises
+from .checks import temporary_beside, validation_operands
+from ..layout import Layout
+from ..tables import rank_tables
+from .exchange import exchange
+
+
+class Header(NamedTuple):
+    """What a ``.npy`` header says: the array's shape, its dtype as stored, whether it is in Fortran
+    order, and where its data start."""
+
+    shape: tuple
+    dtype: np.dtype
+    fortran: bool
+    offset: int
+
+
+def read_header(path, what="input", error=ValueError):
+    """The :class:`Header` of the ``.npy`` file ``path`` (this process alone), or a one-line ``error``: a
+    missing, empty or truncated file, no ``.npy`` (an ``.npz`` too), Python objects, non-numeric data."""
+    size = check_npy_file(path, what, error)
+    with open(path, "rb") as f:
+        if f.read(4) == b"PK\x03\x04":
+            raise error(f"{what} {path}: expected one array in a .npy file, not an .npz archive")
+        f.seek(0)
+        try:
+            version = npformat.read_magic(f)
+            if version not in ((1, 0), (2, 0), (3, 0)):
+                raise ValueError(f"format version {version[0]}.{version[1]}, expected 1.0, 2.0 or 3.0")
+            # 3.0 differs from 2.0 only in the header's encoding (UTF-8): the same for a numeric dtype
+            read = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+        except Exception as exc:  # noqa: BLE001 - numpy raises many types for bad files
+            raise error(f"{what} {path}: not a readable .npy file ({' '.join(str(exc).split())})") from None
+        offset = f.tell()
+    check_npy_data(shape, dtype, None, None, "no", f"{what} {path}", error)
+    data = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size < offset + data:
+        raise error(f"{what} {path}: truncated: {size - offset:,} bytes of data, expected {data:,}")
+    return Header(tuple(shape), dtype, fortran, offset)
 
 
 def npy_header(comm, path, what="input", error=ValueError):
@@ -46,17 +85,28 @@ def npy_header(comm, path, what="input", error=ValueError):
     return verdict
 
 
-def load_blocks(comm, paths, layouts, dtype, what="input", error=ValueError):
-    """Collective: this rank's block of the array in each file of ``paths`` under the matching layout, cast to
-    ``dtype`` by numpy's ``safe`` rule (None where the rank holds none); ``what`` and the file's number name it
-    in errors."""
+def local_blocks(comm, paths, layouts, dtype, seed, what="input", error=ValueError):
+    """Collective: this rank's block of each operand under the matching layout (None where it holds none): of
+    the array in each ``.npy`` file of ``paths``, cast to ``dtype`` by numpy's ``safe`` rule (``what`` and the
+    file's number name it in errors), or without ``paths`` cut from the random operands of ``seed``
+    (:func:`~.checks.validation_operands`, made whole on every rank: small problems only)."""
+    dtype = np.dtype(dtype)
+    if not paths:
+        whole = validation_operands([layout.shape for layout in layouts], dtype, seed)
+        return [None if b is None else x[b].copy() for x, b in zip(whole, (e.block(comm.rank) for e in layouts))]
     blocks = []
     for n, (path, layout) in enumerate(zip(paths, layouts)):
         head = npy_header(comm, path, f"{what} {n}", error)
-        expect(head, layout.shape, dtype, "safe", f"{what} {n} {path}", error)   # one header: alike everywhere
+        check_npy_data(head.shape, head.dtype, layout.shape, dtype, "safe", f"{what} {n} {path}", error)   # alike
         block = read_block(comm, path, head, layout.block(comm.rank), error)
         blocks.append(None if block is None else block.astype(dtype, copy=False))
     return blocks
+
+
+def gather_on_root(comm, local, layout, dtype):
+    """Collective: the whole array of ``layout`` on rank 0 (None elsewhere), from each rank's block ``local``."""
+    root = Layout.on_root(layout.shape, comm.size)
+    return exchange(comm, rank_tables(layout, root, comm.size, comm.rank), local, dtype)
 
 
 def read_block(comm, path, header, block, error=ValueError):
