@@ -158,7 +158,7 @@ def info_facts(comm):
     from .runtime.checks import launch_mismatch, launcher_variables, libmpi_files, mpi_library, node_place
     from .runtime.gemm import machine_key
     from .runtime.gpu import cuda_aware, device_name, load_cupy
-    from .runtime.kernels import gemm_libraries, gemm_routes
+    from .runtime.blas import gemm_libraries, gemm_routes
     local, on_node = node_place(comm)
     nodes = comm.gather((on_node, default_memory(on_node)) if local == 0 else None, root=0)
     if comm.Get_rank() != 0:
@@ -187,7 +187,7 @@ def info_facts(comm):
 def info_text(facts) -> str:
     """:func:`info_facts` as the lines ``deinsum info`` prints."""
     from .runtime.gpu import CUDA_AWARE
-    from .runtime.kernels import gemm_library
+    from .runtime.blas import gemm_library
     mpi, gemm, launcher = facts["mpi"], facts["gemm"], facts["launcher"]
     blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['num_threads']} threads)" for b in facts["blas"])
     gpus = f"none ({facts['gpus']})" if isinstance(facts["gpus"], str) else ", ".join(facts["gpus"]) or "none"
