@@ -82,11 +82,12 @@ class PlanBound:
     """The per-rank lower bounds a plan is held against, in words received by the busiest rank.
 
     ``words``: the class bound (:attr:`CLASS`), the least over fusion candidates of
-    the largest group bound, at least what the copies of a replicated result cost;
+    the largest group or joint bound, at least what the copies of a replicated result cost;
     ``per_group``: the bound of each group of the chosen plan; ``candidates``:
-    ``(partition, bound, modeled words or None)`` of every fusion candidate;
-    ``atomic``: the whole einsum as one statement (:attr:`ATOMIC`). All hold under
-    :attr:`ASSUMPTIONS`, for any memory per rank.
+    ``(partition, bound, modeled words or None)`` of every fusion candidate (its joint
+    bounds counted where they could decide the least); ``atomic``: the whole einsum as
+    one statement (:attr:`ATOMIC`); ``chosen_words``: the chosen fusion's, its group and
+    joint bounds. All hold under :attr:`ASSUMPTIONS`, for any memory per rank.
     """
 
     words: float
@@ -94,6 +95,7 @@ class PlanBound:
     candidates: tuple[tuple[tuple[tuple[int, ...], ...], float, int | None], ...]
     binding: str
     atomic: float
+    chosen_words: float
 
     CLASS = ("class bound: algorithms that run opt_einsum's contraction path of this einsum, its steps fused as any "
              "of the fusion candidates")
@@ -105,11 +107,6 @@ class PlanBound:
                    "arithmetic")
     METRIC = "words received by the busiest rank"
     MEMORY = "memory-independent: they hold for any memory per rank"
-
-    @property
-    def chosen_words(self) -> float:
-        """The bound of the chosen fusion: its largest group bound (each group one fused statement)."""
-        return max(self.per_group, default=0.0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -795,17 +792,21 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
     least what the result's copies cost (``scored``: the planned state of each candidate partition
     scored; ``chosen``: the plan's partition)."""
     copies = _whole(analysis.result_copies)
-    group_words = {c.partition: [_whole(g.parallel.Q_indep) for g in c.groups] for c in analysis.candidates}
-    candidates = [(p, max(copies, *words), None if p not in scored else int(scored[p].received.max(initial=0)))
-                  for p, words in group_words.items()]
+    candidates = [(c.partition, max(copies, _whole(c.parallel_Q)),
+                   None if c.partition not in scored else int(scored[c.partition].received.max(initial=0)))
+                  for c in analysis.candidates]
     words = min(b for _, b, _ in candidates)
-    binding = (RESULT_COPIES if words == copies else "a group's footprint less the shares held") if words else (
-        "no positive bound")
+    least = next(c for c in analysis.candidates if max(copies, _whole(c.parallel_Q)) == words)
+    binding = ("no positive bound" if not words else RESULT_COPIES if words == copies else
+               "an intermediate made once, read by the next group" if any(_whole(w) == words for *_, w in least.joint)
+               else "a group's footprint less the shares held")
     last = len(plan.decomposition.steps) - 1
-    per_group = [max(copies, w) if last in g else w for g, w in zip(chosen, group_words[chosen])]
+    mine = next(c for c in analysis.candidates if c.partition == chosen)
+    per_group = [max(copies, _whole(g.parallel.Q_indep)) if last in g.steps else _whole(g.parallel.Q_indep)
+                 for g in mine.groups]
     in_order = sorted(range(len(chosen)), key=lambda k: max(chosen[k]))     # the plan's groups run in this order
     return PlanBound(words, tuple(per_group[k] for k in in_order), tuple(candidates), binding,
-                     _whole(analysis.atomic_words))
+                     _whole(analysis.atomic_words), _whole(analysis.schedule_bound(chosen)))
 
 
 def _owned_words(d: Decomposition, nprocs: int, layouts: Mapping[str, Layout]) -> dict[str, float]:

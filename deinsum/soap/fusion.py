@@ -9,9 +9,12 @@ reduction). Every partition of the steps into groups is a candidate schedule.
 
 Sequentially a schedule costs the sum of its groups' bounds. On P ranks the
 busiest rank receives at least the largest of its groups' per-rank bounds (each
-group's by averaging; the sum is not a bound), so a schedule's parallel bound is
-that maximum, and the *class bound* -- every algorithm that runs this contraction
-path fused as one of its candidates -- is the minimum over candidates. The
+group's by averaging), and at least the *joint* bound of a group that sums nothing
+and the group that reads its result (:func:`deinsum.soap.parallel.joint_bound`: the
+intermediate is made once, where the first group computes it), so a schedule's
+parallel bound is the largest of these, and the *class bound* -- every algorithm
+that runs this contraction path fused as one of its candidates -- is the minimum
+over candidates. Joint bounds are computed where they can raise that minimum. The
 *atomic* bound treats the whole einsum as one statement (the published bounds'
 model); it does not hold for multi-step algorithms.
 
@@ -24,13 +27,13 @@ model); it does not hold for multi-step algorithms.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import DeinsumError
 from .numeric import NumericBound, check_positive, numeric_bound
-from .parallel import LAYOUT, ParallelBound, check_ranks, parallel_bound
+from .parallel import LAYOUT, ParallelBound, check_ranks, joint_bound, parallel_bound
 from .statement import Statement
 
 if TYPE_CHECKING:   # closed forms (SymPy) load where they are asked for: sizes alone never need them
@@ -85,19 +88,32 @@ class GroupBound:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A partition of the steps into groups, with its total bound."""
+    """A partition of the steps into groups, with its total bound; ``joint``: ``(producer group,
+    consumer group, words)`` of the joint bounds computed for it (:func:`analyze`)."""
 
     partition: tuple[tuple[int, ...], ...]
     groups: tuple[GroupBound, ...]
     cost: float
+    joint: tuple[tuple[tuple[int, ...], tuple[int, ...], float], ...] = ()
 
     @property
     def parallel_Q(self) -> float | None:
         """Per-rank bound of this schedule on P ranks: the largest of its groups' memory-independent
-        bounds (None without P)."""
+        bounds and of its joint bounds (None without P)."""
         if any(g.parallel is None for g in self.groups):
             return None
-        return max(g.parallel.Q_indep for g in self.groups)
+        return max([g.parallel.Q_indep for g in self.groups] + [w for _, _, w in self.joint])
+
+    def joint_pairs(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """``(producer, consumer)`` groups with a joint bound: the producer sums nothing, the consumer reads
+        its result.
+
+        >>> from deinsum.decompose import decompose
+        >>> [c.joint_pairs() for c in analyze(decompose("ijk,ja,ka->ia")).candidates]
+        [[], [((0,), (1,))]]
+        """
+        return [(p.steps, c.steps) for p in self.groups if set(p.statement.variables) == set(p.statement.output)
+                for c in self.groups if p.statement.names[-1] in c.statement.names[:-1]]
 
     @property
     def Q(self):
@@ -126,6 +142,28 @@ class Analysis:
     atomic: ParallelBound | None = None      # the whole einsum as one statement (with sizes and P)
     owned: dict[str, float] | None = None    # average words per rank held at the start or end, if not |T|/P
     result_copies: float = 0.0               # words some rank receives because the result ends with copies
+    joints: dict = field(default_factory=dict, compare=False, repr=False)   # (producer, consumer) -> words
+
+    def schedule_bound(self, partition) -> float:
+        """The per-rank bound of one candidate with all its joint bounds (computed on first use), at least
+        ``result_copies``.
+
+        >>> from deinsum.decompose import decompose
+        >>> a = analyze(decompose("ijk,ja,ka->ia", (1724,) * 3, (1724, 42), (1724, 42)), P=8)
+        >>> [round(a.schedule_bound(c.partition)) for c in a.candidates]
+        [81458, 79841]
+        """
+        c = next(c for c in self.candidates if c.partition == partition)
+        return max(self.result_copies, *(self.joint(p, q) for p, q in c.joint_pairs()),
+                   *(g.parallel.Q_indep for g in c.groups))
+
+    def joint(self, producer: tuple[int, ...], consumer: tuple[int, ...]) -> float:
+        """The joint bound of two groups (cached)."""
+        if (producer, consumer) not in self.joints:
+            of = {g.steps: g for c in self.candidates for g in c.groups}
+            self.joints[producer, consumer] = joint_bound(of[producer].statement, of[consumer].statement,
+                                                          self.sizes, self.P, self.owned)
+        return self.joints[producer, consumer]
 
     @property
     def chosen(self) -> tuple[tuple[int, ...], ...]:
@@ -283,8 +321,22 @@ def analyze(decomposition, S: float | None = None, P: int | None = None,
     else:
         ranking = f"ranked by the size-aware numeric bound at S = {S:g}"
     equation = getattr(decomposition, "equation", ",".join(steps[0].subscripts) + "->" + steps[-1].output)
-    return Analysis(equation, steps, sizes, S, P, sdg(steps), tuple(cands), ranking, atomic, owned or None,
-                    float(result_copies))
+    a = Analysis(equation, steps, sizes, S, P, sdg(steps), tuple(cands), ranking, atomic, owned or None,
+                 float(result_copies))
+    return a if atomic is None else replace(a, candidates=_raise_least(a), joints=a.joints)
+
+
+def _raise_least(a: Analysis) -> tuple[Candidate, ...]:
+    """The candidates with their joint bounds added where they can raise the least candidate bound: the
+    least one takes its next joint bound until it has them all."""
+    cands = list(a.candidates)
+    pending = [c.joint_pairs() for c in cands]
+    while True:
+        k = min(range(len(cands)), key=lambda n: cands[n].parallel_Q)
+        if not pending[k]:
+            return tuple(cands)
+        p, q = pending[k].pop(0)
+        cands[k] = replace(cands[k], joint=cands[k].joint + ((p, q, a.joint(p, q)),))
 
 
 @lru_cache(maxsize=4096)
