@@ -81,12 +81,13 @@ class GroupPlan:
 class PlanBound:
     """The per-rank lower bounds a plan is held against, in words received by the busiest rank.
 
-    ``words``: the class bound (:attr:`CLASS`), the least over fusion candidates of
-    the largest group or joint bound, at least what the copies of a replicated result cost;
+    ``words``: the class bound (``covers`` says its class), the least over contraction paths and fusion
+    candidates of the sum of group bounds (two groups by their joint bound where more), at least what the
+    copies of a replicated result cost;
     ``per_group``: the bound of each group of the chosen plan; ``candidates``:
-    ``(partition, bound, modeled words or None)`` of every fusion candidate (its joint
+    ``(partition, bound, modeled words or None)`` of every fusion candidate of the plan's path (joint
     bounds counted where they could decide the least); ``atomic``: the whole einsum as
-    one statement (:attr:`ATOMIC`); ``chosen_words``: the chosen fusion's, its group and
+    one statement (:attr:`ATOMIC`); ``chosen_words``: the chosen fusion's, with all its
     joint bounds. All hold under :attr:`ASSUMPTIONS`, for any memory per rank.
     """
 
@@ -96,15 +97,15 @@ class PlanBound:
     binding: str
     atomic: float
     chosen_words: float
+    covers: str = ""                     # the class (:attr:`deinsum.soap.Analysis.covers`)
 
-    CLASS = ("class bound: algorithms that run opt_einsum's contraction path of this einsum, its steps fused as any "
-             "of the fusion candidates")
     CHOSEN = "this plan's path and fusion"
     ATOMIC = "atomic bound: one-statement algorithms only (the whole einsum as one fused statement)"
     ASSUMPTIONS = ("every rank computes 1/P of the iterations of every group (balance per group), each iteration "
-                   "once (no recomputation), one copy of every input at the start, of the result at the end and of "
-                   "each intermediate's complete values, unless the start or end mode replicates them; classical "
-                   "arithmetic")
+                   "once (no recomputation); a group reads the complete values of the intermediates it reads "
+                   "(partial sums flow only inside a group); every word received is a value or a partial sum of one "
+                   "element of an input, an intermediate or the result; one copy of every input at the start and of "
+                   "the result at the end, unless the start or end mode replicates them; classical arithmetic")
     METRIC = "words received by the busiest rank"
     MEMORY = "memory-independent: they hold for any memory per rank"
 
@@ -180,7 +181,7 @@ class Plan:
 
     @property
     def lower_bound_bytes(self) -> float:
-        """The class bound in bytes: what the busiest rank receives at least (:attr:`PlanBound.CLASS`)."""
+        """The class bound in bytes: what the busiest rank receives at least (:attr:`PlanBound.covers`)."""
         return 0.0 if self.bound is None else self.bound.words * self.dtype.itemsize
 
     def model_bytes(self) -> list[tuple[int, int]]:
@@ -241,7 +242,7 @@ class Plan:
         b, size = self.bound, self.dtype.itemsize
         outside = (f"; this plan moves less: it runs {len(self.groups)} statements, outside that class"
                    if ours < b.atomic else "")
-        rows = [(b.chosen_words, PlanBound.CHOSEN, ""), (b.words, f"{PlanBound.CLASS} ({b.binding})", ""),
+        rows = [(b.chosen_words, PlanBound.CHOSEN, ""), (b.words, f"class bound: {b.covers} ({b.binding})", ""),
                 (b.atomic, PlanBound.ATOMIC, outside)]
         return ([f"  lower bounds per rank, in bytes ({PlanBound.METRIC}; words in brackets); {PlanBound.MEMORY}; "
                  f"from inputs {self.inputs!r} to result {self.result!r}:"]
@@ -300,7 +301,7 @@ class Plan:
                 "received_bytes_per_rank": received.tolist(),
                 "received_bytes_max": int(received.max(initial=0)),
                 "lower_bound_bytes_per_rank": self.lower_bound_bytes,
-                "lower_bound_covers": PlanBound.CLASS if self.bound is not None else None,
+                "lower_bound_covers": None if self.bound is None else self.bound.covers,
                 "chosen_schedule_bound_bytes_per_rank": 0.0 if self.bound is None else self.bound.chosen_words * size,
                 "chosen_schedule_bound_covers": PlanBound.CHOSEN,
                 "atomic_lower_bound_bytes_per_rank": 0.0 if self.bound is None else self.bound.atomic * size,
@@ -795,18 +796,20 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
     candidates = [(c.partition, max(copies, _whole(c.parallel_Q)),
                    None if c.partition not in scored else int(scored[c.partition].received.max(initial=0)))
                   for c in analysis.candidates]
-    words = min(b for _, b, _ in candidates)
-    least = next(c for c in analysis.candidates if max(copies, _whole(c.parallel_Q)) == words)
+    least, best = analysis.class_bound
+    words = _whole(least)
+    alone = sum(g.parallel.Q_indep for g in best.groups)
     binding = ("no positive bound" if not words else RESULT_COPIES if words == copies else
-               "an intermediate made once, read by the next group" if any(_whole(w) == words for *_, w in least.joint)
-               else "a group's footprint less the shares held")
+               "the groups' footprints less the shares held" + (", two of them jointly" if best.parallel_Q > alone
+                                                                 else "")
+               + (f", along the path {'; '.join(s.operation for s in best.path)}" if best.path else ""))
     last = len(plan.decomposition.steps) - 1
     mine = next(c for c in analysis.candidates if c.partition == chosen)
     per_group = [max(copies, _whole(g.parallel.Q_indep)) if last in g.steps else _whole(g.parallel.Q_indep)
                  for g in mine.groups]
     in_order = sorted(range(len(chosen)), key=lambda k: max(chosen[k]))     # the plan's groups run in this order
     return PlanBound(words, tuple(per_group[k] for k in in_order), tuple(candidates), binding,
-                     _whole(analysis.atomic_words), _whole(analysis.schedule_bound(chosen)))
+                     _whole(analysis.atomic_words), _whole(analysis.schedule_bound(chosen)), analysis.covers)
 
 
 def _owned_words(d: Decomposition, nprocs: int, layouts: Mapping[str, Layout]) -> dict[str, float]:

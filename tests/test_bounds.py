@@ -13,6 +13,7 @@ from deinsum.cli import main
 from deinsum.decompose import decompose
 from deinsum.plan import build_plan
 from deinsum.soap import analyze
+from deinsum.soap.fusion import contraction_paths
 from random_cases import random_einsums
 from test_plan import KERNELS, PROCS, busiest, fair_plan, paper_sizes
 
@@ -82,6 +83,32 @@ def test_class_bound_below_every_scored_candidate_sweep(eq, shapes, nprocs, inpu
     check_validity(eq, shapes, nprocs, inputs, result)
 
 
+def check_other_paths(eq, shapes, nprocs, inputs, result):
+    """The class bound (over every contraction path) below the plan built along each path: the
+    decomposition forced along it, planned from the same start to the same end."""
+    d = decompose(eq, *shapes)
+    words = build_plan(d, nprocs, inputs=inputs, result=result).bound.words
+    for path in contraction_paths(len(d.input_subscripts)):
+        other = build_plan(decompose(eq, *shapes, optimize=list(path)), nprocs, inputs=inputs, result=result)
+        assert other.bound.words == words and words <= busiest(other), (path, words, busiest(other))
+
+
+def path_cases(count: int, seed: int):
+    """Validity cases of 3 or 4 operands (their paths are few: 3 and 15)."""
+    return [c for c in validity_cases(count * 4, seed) if 3 <= len(c[0].split("->")[0].split(",")) <= 4][:count]
+
+
+@pytest.mark.parametrize("eq, shapes, nprocs, inputs, result", path_cases(4, seed=41))
+def test_class_bound_below_the_plans_of_every_path(eq, shapes, nprocs, inputs, result):
+    check_other_paths(eq, shapes, nprocs, inputs, result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eq, shapes, nprocs, inputs, result", path_cases(60, seed=43))
+def test_class_bound_below_the_plans_of_every_path_sweep(eq, shapes, nprocs, inputs, result):
+    check_other_paths(eq, shapes, nprocs, inputs, result)
+
+
 @pytest.mark.parametrize("args", [
     ["ij,jk,kl->il", "--size", "i=300,j=20,k=200,l=30", "-P", "3", "--inputs", "local", "--result", "distributed"],
     ["ijk,ja,ka->ia", "--size", "i=96,j=80,k=64,a=12", "-P", "4"],                 # the README's quick start
@@ -92,7 +119,7 @@ def test_bound_command_prints_no_class_bound_above_its_plan(args, capsys):
     assert main(["bound", *args, "--memory", "1GiB"]) == 0
     text = capsys.readouterr().out
     ours = int(re.search(r"total received per rank: max ([\d,]+) bytes", text)[1].replace(",", "")) // 8
-    analysis = float(re.search(r"class bound >= (\S+):", text)[1])
+    analysis = int(re.search(r"class bound >= ([\d,]+):", text)[1].replace(",", ""))
     printed = [int(w.replace(",", "")) for w in re.findall(r"\(([\d,]+)\)  (?:this plan's|class bound)", text)]
     assert analysis <= ours and len(printed) == 2 and max(printed) <= ours
     assert "one-statement algorithms only" in text and "a rank owning" not in text

@@ -116,6 +116,9 @@ class Problem:
         stays on it until its multiplier says it leaves (an active set; 2 to 10 steps)."""
         A, logm, hi = self.A, self.logm, self.hi
         y, fixed = hi * (total / hi.sum()), hi <= 0
+        key = (self.st.classes, self.st.terms, tuple(hi), total)
+        if key in _WARM:                                       # the same box with other weights: start at its tile
+            y, fixed = (a.copy() for a in _WARM[key])
         s = np.exp(A @ y + logm)
         for _ in range(500):
             grad, free = A.T @ s, np.flatnonzero(~fixed)
@@ -132,6 +135,9 @@ class Problem:
                 price = np.where(y <= 0, grad - nu, nu - grad)
                 wrong = fixed & (hi > 0) & (price < -1e-12 * abs(nu))
                 if not wrong.any():
+                    if len(_WARM) > 256:
+                        _WARM.clear()
+                    _WARM[key] = (y, fixed)
                     return y
                 fixed[np.argmin(np.where(wrong, price, np.inf))] = False
                 continue
@@ -211,6 +217,11 @@ class Problem:
         return best, self.footprint(y) + self.m0, y
 
 
+#: The last tile of each box problem solved by :meth:`Problem._least_footprint` (the joint bounds solve
+#: the same box with many weights): where Newton starts next time.
+_WARM: dict = {}
+
+
 def _root(f, a: float, b: float, xtol: float) -> float:
     """A root of ``f`` between ``a`` and ``b``, within ``xtol`` (plus 4e-16 relative); ValueError where
     ``f`` does not change sign there. False position with the Illinois step (a kept end's value is
@@ -274,21 +285,22 @@ def problem(statement: Statement, sizes: Mapping[str, int] | None) -> Problem:
 
 
 def weighted_footprint(terms: tuple[str, ...], weights: tuple[float, ...], sizes: Mapping[str, int],
-                       variables: str, points: float) -> tuple[float, dict[str, float]]:
-    """The least ``sum_T w_T |pi_T(B)|`` over boxes ``B`` of ``points`` points in the space of ``variables``
-    (sides <= N_v), and each term's projection size at it. By LP duality with the Hoelder-Brascamp-Lieb
-    inequalities of the coordinate projections (the sides included) it is also the least over ANY set of
-    ``points`` points: a lower bound for every set. Terms of weight 0 cost nothing (their sizes are still
-    reported); a variable in no weighted term is free (taken whole).
+                       variables: str, points: float) -> tuple[float, dict[str, float], float]:
+    """The least ``W = sum_T w_T |pi_T(B)|`` over boxes ``B`` of ``points`` points in the space of
+    ``variables`` (sides <= N_v), each term's projection size there, and ``nu``, the slope of ``W`` in
+    ``log(points)`` (the multiplier of the volume: ``W(n') >= W + nu log(n'/points)`` for every n').
+    By LP duality with the Hoelder-Brascamp-Lieb inequalities of the coordinate projections (the sides
+    included) ``W`` is also the least over ANY set of ``points`` points: a lower bound for every set.
+    Terms of weight 0 cost nothing (their sizes are still reported); a variable in no weighted term is free.
 
-    >>> round(weighted_footprint(("ik", "kj", "ij"), (1, 1, 1), dict(i=8, j=8, k=8), "ijk", 64)[0], 6)
-    48.0
+    >>> [round(x, 6) for x in weighted_footprint(("ik", "kj", "ij"), (1, 1, 1), dict(i=8, j=8, k=8), "ijk", 64)[::2]]
+    [48.0, 32.0]
     >>> round(weighted_footprint(("ik", "kj", "ij"), (1, 1, 0), dict(i=8, j=8, k=8), "ijk", 64)[0], 6)  # j free
     16.0
     """
     kept = tuple(t for t, w in zip(terms, weights) if w > 0)
     if points < 1 or not kept:
-        return 0.0, {t: float(points >= 1) for t in terms}
+        return 0.0, {t: float(points >= 1) for t in terms}, 0.0
     st = structure(kept)
     of = {v: n for n, c in enumerate(st.classes) for v in c}
     mult = [0.0] * len(st.terms)
@@ -302,7 +314,8 @@ def weighted_footprint(terms: tuple[str, ...], weights: tuple[float, ...], sizes
     pb = Problem(Structure(st.classes, st.terms, tuple(mult), scalars), hi)
     footprint, y = pb.tile_for(math.log(points) - sum(math.log(sizes[v]) for v in variables if v not in of))
     side = {v: float(sizes[v]) for v in variables} | split_tile(variables, pb, y, sizes)    # free ones whole
-    return footprint, {t: math.prod(side[v] for v in t) for t in terms}
+    grad = pb.A.T @ np.exp(pb.A @ y + pb.logm)
+    return footprint, {t: math.prod(side[v] for v in t) for t in terms}, float(grad[y > 0].max(initial=grad.max()))
 
 
 def split_tile(variables: str, pb: Problem, y: np.ndarray, sizes: Mapping[str, int] | None) -> dict[str, float]:

@@ -21,6 +21,11 @@ def _num(x) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
+def _words(x: float) -> str:
+    """A bound on a count of words as the plan prints it: rounded up, with thousands separators."""
+    return f"{max(0, math.ceil(x)):,}"
+
+
 def _expr(e) -> str:
     return "-" if e is None else str(e)
 
@@ -91,19 +96,32 @@ def text(a) -> str:
     return "\n".join(out)
 
 
+def _path_names(a, c) -> tuple[str, str]:
+    """A candidate's groups by step names, and the path it lies on where that is not the analysis' own."""
+    steps = c.path or a.steps
+    groups = " ".join("[" + "+".join(steps[k].name for k in g) + "]" for g in c.partition)
+    return groups, "; ".join(s.operation for s in c.path)
+
+
 def parallel_text(a) -> list[str]:
     """The per-rank bounds of an analysis with sizes and P: the class bound with the groups of the fusion
     that attains it, and the atomic bound, each with its class (the assumptions: ``PlanBound``)."""
     words, best = a.class_bound
-    rows = [[_group_name(a, g.steps), _num(g.parallel.Q_indep), _num(g.parallel.XP), _num(g.parallel.owned),
-             _tiles(g.parallel.tiles, lambda t: f"{t:.4g}")] for g in best.groups]
-    atomic, copies = a.atomic, (f"; at least the result's copies, {_num(a.result_copies)}" if a.result_copies else "")
-    rows.append(["(atomic)", _num(atomic.Q_indep), _num(atomic.XP), _num(atomic.owned),
+    steps = best.path or a.steps
+    rows = [["+".join(steps[k].name for k in g.steps), _words(g.parallel.Q_indep), _num(g.parallel.XP),
+             _num(g.parallel.owned), _tiles(g.parallel.tiles, lambda t: f"{t:.4g}")] for g in best.groups]
+    atomic, copies = a.atomic, (f"; at least the result's copies, {_words(a.result_copies)}" if a.result_copies else "")
+    rows.append(["(atomic)", _words(atomic.Q_indep), _num(atomic.XP), _num(atomic.owned),
                  _tiles(atomic.tiles, lambda t: f"{t:.4g}")])
+    groups, path = _path_names(a, best)
+    alone = {g.steps: g.parallel.Q_indep for g in best.groups}
+    joint = "".join(f"; {'+'.join(steps[k].name for k in p)} and {'+'.join(steps[k].name for k in q)} jointly "
+                    f"{_words(w)}" for p, q, w in best.joint if w > alone[p] + alone[q])
     return ([f"  per-rank lower bounds on P = {a.P} (words received by the busiest rank, any memory; {a.layout}):",
-             f"    class bound >= {_num(words)}: opt_einsum's path, fused as any candidate (the least, over "
-             f"candidates, of the largest group bound; attained by {_partition_name(a, best.partition)}{copies})",
-             f"    atomic bound >= {_num(a.atomic_words)}: one-statement algorithms only (the whole einsum as one "
+             f"    class bound >= {_words(words)}: {a.covers} (the least, over paths and candidates, of the sum of the "
+             f"group bounds, two groups by their joint bound where more; attained by {groups}"
+             + (f" along the path {path}" if path else "") + f"{joint}{copies})",
+             f"    atomic bound >= {_words(a.atomic_words)}: one-statement algorithms only (the whole einsum as one "
              f"statement{copies})"]
             + _table(["group", "bound", "X_P", "held", "per-rank tile"], rows, "    "))
 
@@ -179,8 +197,9 @@ def as_dict(a) -> dict:
     per_rank = None if bounds is None else {
         "metric": "words received by the busiest rank, any memory", "layout": a.layout,
         "class_bound_words": bounds[0], "class_bound_partition": [list(g) for g in bounds[1].partition],
-        "class_bound_covers": "opt_einsum's path, fused as any candidate: the least over candidates of the largest "
-                              "group bound",
+        "class_bound_path": [s.operation for s in bounds[1].path] or [s.operation for s in a.steps],
+        "class_bound_covers": a.covers + ": the least over paths and candidates of the sum of the group bounds, two "
+                                         "groups by their joint bound where more",
         "atomic_bound_words": a.atomic_words, "result_copies_words": a.result_copies, "atomic_bound_covers": "one-statement algorithms only"}
     return {"equation": a.equation, "sizes": a.sizes, "S": a.S, "P": a.P, "layout": a.layout, "per_rank": per_rank,
             "sdg": [list(e) for e in a.sdg], "ranking": a.ranking,
