@@ -98,6 +98,7 @@ class PlanBound:
     atomic: float
     chosen_words: float
     covers: str = ""                     # the class (:attr:`deinsum.soap.Analysis.covers`)
+    fits: tuple[bool | None, ...] = ()   # per candidate: whether its scored plan fits the memory (None: not scored)
 
     CHOSEN = "this plan's path and fusion"
     ATOMIC = "atomic bound: one-statement algorithms only (the whole einsum as one fused statement)"
@@ -108,6 +109,13 @@ class PlanBound:
                    "the result at the end, unless the start or end mode replicates them; classical arithmetic")
     METRIC = "words received by the busiest rank"
     MEMORY = "memory-independent: they hold for any memory per rank"
+    #: Where a plan of several statements moves more than this many times the class bound, the report says that
+    #: no tight bound is known for its class (TTMc-like chains: their published bounds cover one statement).
+    NOT_TIGHT = 2.0
+    MEMORY_DEPENDENT = ("algorithms that run this plan's contraction path fused as any candidate, every rank holding "
+                        "at most that memory at any time and running its groups one after another (segments: half "
+                        "the words a rank sends and receives, every word sent received once); printed where the plan "
+                        "fits the memory")
 
 
 @dataclass(frozen=True, eq=False)
@@ -180,6 +188,42 @@ class Plan:
         return self.peak_bytes <= self.memory
 
     @property
+    def unknown_bound(self) -> str | None:
+        """The plain statement that no tight bound is known for this plan's class, where that is so: it runs
+        several statements and moves more than :attr:`PlanBound.NOT_TIGHT` times the class bound."""
+        if self.bound is None or len(self.groups) < 2:
+            return None
+        ours = int(self.received_bytes().max(initial=0)) // self.dtype.itemsize
+        if ours <= PlanBound.NOT_TIGHT * self.bound.words:
+            return None
+        return (f"no tight lower bound is known for this plan's class (algorithms that run {len(self.groups)} "
+                f"statements): the class bound is the best deinsum proves, {_ratio(ours, self.bound.words)} below the "
+                f"plan, and the atomic bound covers one-statement algorithms only")
+
+    @property
+    def unbalanced(self) -> str | None:
+        """Where a group leaves ranks idle, the statement that the plan lies outside the bounds' class (balance per
+        group: a plan that idles ranks may move less than the bounds)."""
+        idle = [f"group {g.index}: {g.grid.idle} of {self.nprocs}" for g in self.groups if g.grid.idle]
+        return None if not idle or self.bound is None else (
+            f"this plan leaves ranks idle ({'; '.join(idle)}): it lies outside the class of every bound above "
+            f"(balance per group), which need not hold for it")
+
+    def bound_row(self) -> dict:
+        """The plan's bounds and busiest rank's words for a per-P table (:func:`deinsum.soap.report.latex`)."""
+        b = self.bound
+        return {"P": self.nprocs, "class": None if b is None else b.words, "atomic": None if b is None else b.atomic,
+                "plan": int(self.received_bytes().max(initial=0)) // self.dtype.itemsize}
+
+    @cached_property
+    def memory_bound_words(self) -> int | None:
+        """The memory-dependent bound (:attr:`PlanBound.MEMORY_DEPENDENT`) at this plan's memory per rank, in words;
+        None where the plan does not fit it (or has no bound)."""
+        if self.bound is None or not self.feasible:
+            return None
+        return _whole(self.analysis.memory_words(self.memory // self.dtype.itemsize))
+
+    @property
     def lower_bound_bytes(self) -> float:
         """The class bound in bytes: what the busiest rank receives at least (:attr:`PlanBound.covers`)."""
         return 0.0 if self.bound is None else self.bound.words * self.dtype.itemsize
@@ -244,11 +288,16 @@ class Plan:
                    if ours < b.atomic else "")
         rows = [(b.chosen_words, PlanBound.CHOSEN, ""), (b.words, f"class bound: {b.covers} ({b.binding})", ""),
                 (b.atomic, PlanBound.ATOMIC, outside)]
-        return ([f"  lower bounds per rank, in bytes ({PlanBound.METRIC}; words in brackets); {PlanBound.MEMORY}; "
-                 f"from inputs {self.inputs!r} to result {self.result!r}:"]
+        if self.memory_bound_words:                  # printed where the plan fits and the memory binds at all
+            rows.append((self.memory_bound_words, f"memory-dependent bound at {self.memory:,} bytes per rank: "
+                                                  f"{PlanBound.MEMORY_DEPENDENT}", ""))
+        return ([f"  lower bounds per rank, in bytes ({PlanBound.METRIC}; words in brackets), from inputs "
+                 f"{self.inputs!r} to result {self.result!r}; the first three {PlanBound.MEMORY}:"]
                 + [f"    {w * size:>14,.0f} ({w:,.0f})  {covers}; ours / bound = {_ratio(ours, w)}{extra}"
                    for w, covers, extra in rows]
-                + [f"    assuming {PlanBound.ASSUMPTIONS}"])
+                + [f"    assuming {PlanBound.ASSUMPTIONS}"]
+                + ([f"  {self.unknown_bound}"] if self.unknown_bound else [])
+                + ([f"  {self.unbalanced}"] if self.unbalanced else []))
 
     def to_dict(self) -> dict:
         """The whole plan as JSON-ready data (bytes; words where noted)."""
@@ -308,10 +357,32 @@ class Plan:
                 "atomic_lower_bound_covers": PlanBound.ATOMIC,
                 "lower_bound_assumptions": PlanBound.ASSUMPTIONS, "lower_bound_metric": PlanBound.METRIC,
                 "lower_bound_memory": PlanBound.MEMORY,
+                "memory_dependent_lower_bound_bytes_per_rank": None if self.memory_bound_words is None else
+                self.memory_bound_words * size,
+                "memory_dependent_lower_bound_covers": PlanBound.MEMORY_DEPENDENT,
+                "tight_bound_unknown": self.unknown_bound, "outside_balance": self.unbalanced,
                 "fusion_candidates": [] if self.bound is None else [
                     {"partition": [list(g) for g in p], "lower_bound_bytes": b * size,
                      "received_bytes_per_rank": None if v is None else v * size}
                     for p, b, v in self.bound.candidates]}
+
+
+def bound_notes(plans) -> list[str]:
+    """The sentences a paper's per-P table of ``plans`` (one einsum, one start and end) needs: each bound's class,
+    the metric, start and end, the assumptions, and where no tight bound is known."""
+    first = plans[0]
+    notes = [f"Class bound: {first.bound.covers}. Atomic bound: the whole einsum as one statement (the model of the "
+             f"published bounds); it covers one-statement algorithms only. Both count {PlanBound.METRIC} (words of "
+             f"{first.dtype.itemsize} bytes), from inputs where they start ({INPUT_MODES[first.inputs]}) to a result "
+             f"where it ends ({RESULT_MODES[first.result]}), hold for any memory per rank, and assume: "
+             f"{PlanBound.ASSUMPTIONS}."]
+    unknown = [p for p in plans if p.unknown_bound]
+    if unknown:
+        ps = ", ".join(str(p.nprocs) for p in unknown)
+        notes.append(f"At P = {ps} the plan runs several statements and moves more than {PlanBound.NOT_TIGHT:g} times "
+                     f"the class bound: no tight lower bound is known for its class (the atomic bound does not cover "
+                     f"it; the class bound is the best deinsum proves).")
+    return notes
 
 
 def _human(nbytes: float) -> str:
@@ -809,7 +880,8 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
                  for g in mine.groups]
     in_order = sorted(range(len(chosen)), key=lambda k: max(chosen[k]))     # the plan's groups run in this order
     return PlanBound(words, tuple(per_group[k] for k in in_order), tuple(candidates), binding,
-                     _whole(analysis.atomic_words), _whole(analysis.schedule_bound(chosen)), analysis.covers)
+                     _whole(analysis.atomic_words), _whole(analysis.schedule_bound(chosen)), analysis.covers,
+                     tuple(None if p not in scored else scored[p].over == 0 for p, _, _ in candidates))
 
 
 def _owned_words(d: Decomposition, nprocs: int, layouts: Mapping[str, Layout]) -> dict[str, float]:

@@ -5,6 +5,8 @@ Published atomic bounds: ../shared/notes/citable-bounds.md section 4 (words rece
 rank, fair start: inputs spread without replication at the start, result at the end).
 """
 import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -72,14 +74,14 @@ def check_validity(eq, shapes, nprocs, inputs, result):
     assert ("outside that class" in str(plan)) == (ours < b.atomic)
 
 
-@pytest.mark.parametrize("eq, shapes, nprocs, inputs, result", validity_cases(27, seed=31))
+def with_sweep(default: list, sweep: list) -> list:
+    """``default`` cases, then ``sweep`` marked slow."""
+    return default + [pytest.param(*case, marks=pytest.mark.slow) for case in sweep]
+
+
+@pytest.mark.parametrize("eq, shapes, nprocs, inputs, result",
+                         with_sweep(validity_cases(27, seed=31), validity_cases(306, seed=37)))
 def test_class_bound_below_every_scored_candidate(eq, shapes, nprocs, inputs, result):
-    check_validity(eq, shapes, nprocs, inputs, result)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("eq, shapes, nprocs, inputs, result", validity_cases(306, seed=37))
-def test_class_bound_below_every_scored_candidate_sweep(eq, shapes, nprocs, inputs, result):
     check_validity(eq, shapes, nprocs, inputs, result)
 
 
@@ -98,14 +100,8 @@ def path_cases(count: int, seed: int):
     return [c for c in validity_cases(count * 4, seed) if 3 <= len(c[0].split("->")[0].split(",")) <= 4][:count]
 
 
-@pytest.mark.parametrize("eq, shapes, nprocs, inputs, result", path_cases(4, seed=41))
+@pytest.mark.parametrize("eq, shapes, nprocs, inputs, result", with_sweep(path_cases(4, seed=41), path_cases(60, seed=43)))
 def test_class_bound_below_the_plans_of_every_path(eq, shapes, nprocs, inputs, result):
-    check_other_paths(eq, shapes, nprocs, inputs, result)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("eq, shapes, nprocs, inputs, result", path_cases(60, seed=43))
-def test_class_bound_below_the_plans_of_every_path_sweep(eq, shapes, nprocs, inputs, result):
     check_other_paths(eq, shapes, nprocs, inputs, result)
 
 
@@ -126,3 +122,60 @@ def test_bound_command_prints_no_class_bound_above_its_plan(args, capsys):
     for needed in ("balance per group", "no recomputation", "one copy", "classical arithmetic", "busiest rank",
                    "any memory per rank"):
         assert needed in text
+
+
+@pytest.mark.parametrize("nprocs", [64, pytest.param(4096, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kernel", ["1MM", "MTTKRP-O3-M0"])
+def test_memory_dependent_bound_below_every_candidate_that_fits(kernel, nprocs):
+    """Memory from 1.25x to 8x the data share: the memory-dependent bound, printed where the plan fits (and it is
+    positive), is below every scored candidate whose plan fits that memory."""
+    sizes = paper_sizes(kernel, nprocs)
+    share = fair_plan(KERNELS[kernel], sizes, nprocs).data_share
+    for factor in (1.25, 2, 4, 8):
+        plan = fair_plan(KERNELS[kernel], sizes, nprocs, memory=int(factor * share * 8))
+        words = plan.memory_bound_words
+        assert plan.feasible and words is not None
+        assert ("memory-dependent bound at" in str(plan)) == (words > 0)    # printed where it binds at all
+        assert plan.to_dict()["memory_dependent_lower_bound_bytes_per_rank"] == words * 8
+        fitting = [w for (_, _, w), fits in zip(plan.bound.candidates, plan.bound.fits) if fits]
+        assert fitting and all(words <= w for w in fitting), (factor, words, fitting)
+    small = fair_plan(KERNELS[kernel], sizes, nprocs, memory=share * 4)   # half the data share: nothing fits
+    assert not small.feasible and small.memory_bound_words is None and "memory-dependent" not in str(small)
+
+
+def test_a_chain_beyond_its_class_bound_says_no_tight_bound_is_known():
+    """TTMc at P = 512: the chain of two statements moves 403x the class bound; the text and JSON say that no
+    tight bound is known for its class (the atomic bound covers one statement)."""
+    plan = fair_plan(KERNELS["TTMc-O5-M0"], paper_sizes("TTMc-O5-M0", 512), 512)
+    assert len(plan.groups) == 2 and plan.unknown_bound and "no tight lower bound is known" in str(plan)
+    assert plan.to_dict()["tight_bound_unknown"] == plan.unknown_bound
+    fused = fair_plan(KERNELS["TTMc-O5-M0"], paper_sizes("TTMc-O5-M0", 8), 8)
+    assert fused.unknown_bound is None and "no tight" not in str(fused)
+
+
+def test_latex_has_a_per_p_table_and_compiles(capsys, tmp_path):
+    """`bound --latex --per-p`: the sequential table with clamped tiles clamped and its total, the per-P table
+    (class bound, atomic bound, plan, plan / bound) equal to the plans, the class and assumptions; it compiles
+    with pdflatex where one is installed."""
+    args = ["bound", "ijk,ja,ka->ia", "--size", "i=96,j=80,k=64,a=12", "-P", "4", "--per-p", "2,8", "--latex",
+            "--inputs", "local", "--result", "distributed", "--memory", "1GiB"]
+    assert main(args) == 0
+    tex = capsys.readouterr().out
+    d = decompose("ijk,ja,ka->ia", (96, 80, 64), (80, 12), (64, 12))
+    for nprocs in (2, 4, 8):
+        plan = build_plan(d, nprocs, inputs="local", result="distributed", memory="1GiB")
+        row = (f"${nprocs}$ & ${plan.bound.words:,}$ & ${plan.bound.atomic:,}$ & ${busiest(plan):,}$ & "
+               f"${busiest(plan) / plan.bound.words:.3f}$").replace(",", r"\,")
+        assert row in tex, row
+    assert "t_{a} = 12 = N_{a}" in tex and "Total over the groups of the chosen fusion" in tex
+    for needed in ("balance per group", "no recomputation", "classical arithmetic", "busiest rank",
+                   "contraction paths", "one-statement algorithms only"):
+        assert needed in tex
+    engine = shutil.which("pdflatex")
+    if engine is None:
+        pytest.skip("no LaTeX engine installed (pdflatex)")
+    (tmp_path / "doc.tex").write_text("\\documentclass{article}\n\\usepackage{booktabs,amsmath}\n"
+                                      "\\begin{document}\n" + tex + "\n\\end{document}\n")
+    done = subprocess.run([engine, "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and (tmp_path / "doc.pdf").exists(), done.stdout[-2000:]

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..errors import DeinsumError
 from .numeric import NumericBound, check_positive, numeric_bound
-from .parallel import LAYOUT, ParallelBound, check_ranks, independent_bound, joint_bound, parallel_bound
+from .parallel import (LAYOUT, ParallelBound, check_ranks, independent_bound, joint_bound, memory_bound,
+                       parallel_bound)
 from .statement import Statement
 
 if TYPE_CHECKING:   # closed forms (SymPy) load where they are asked for: sizes alone never need them
@@ -213,10 +214,26 @@ class Analysis:
         best = min((*self.candidates, *([self.elsewhere] if self.elsewhere else [])), key=lambda c: c.parallel_Q)
         return max(best.parallel_Q, self.result_copies), best
 
+    def memory_words(self, M: float) -> float:
+        """The memory-dependent bound per rank (words received by the busiest rank) where every rank holds at most
+        ``M`` words at any time and runs its groups one after another: half the least, over this path's
+        candidates, of the sum of the groups' :func:`deinsum.soap.parallel.memory_bound` (words sent plus
+        received; every word sent is received once).
+
+        >>> from deinsum.decompose import decompose
+        >>> a = analyze(decompose("ik,kj->ij", (4096, 4096), (4096, 4096)), P=4096)
+        >>> round(a.memory_words(1.25 * 3 * 4096))
+        72566
+        """
+        moved = {g.steps: memory_bound(g.statement, self.sizes, self.P, M) for c in self.candidates for g in c.groups}
+        return min(sum(moved[g.steps] for g in c.groups) for c in self.candidates) / 2
+
     @property
     def covers(self) -> str:
         """What the class bound covers: every contraction path (at most ``MAX_PATH_OPERANDS`` operands), else
         opt_einsum's, its steps fused as any connected groups."""
+        if len(self.steps) == 1:
+            return "algorithms that compute this einsum's one step as one statement"
         if len(self.steps) + 1 <= MAX_PATH_OPERANDS:
             paths = f"any of the {self.paths} contraction paths (binary trees) of this einsum"
         else:
@@ -240,9 +257,10 @@ class Analysis:
         from .report import text
         return text(self)
 
-    def latex(self) -> str:
+    def latex(self, rows=(), notes=()) -> str:
+        """:func:`deinsum.soap.report.latex`: the groups' bounds, with ``rows`` a per-P table, and ``notes``."""
         from .report import latex
-        return latex(self)
+        return latex(self, rows, notes)
 
     def to_dict(self) -> dict:
         from .report import as_dict

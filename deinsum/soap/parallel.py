@@ -22,8 +22,14 @@
   tangent at the largest ``|Q|`` covers the smaller ones). Small weights on a term a rank may hold more
   of than it uses (the big tensor) keep the fused bound: KRP then TDOT, or X A then B, cost what fused
   MTTKRP costs.
-* memory-dependent (segment argument): ``|V| / (P rho(S)) - (X0 - S)``, a figure of words a rank
-  moves to or from its memory of S words (sent and received); deinsum prints no bound from it.
+* memory-dependent (:func:`memory_bound`, segment argument): a rank that holds at most ``M`` words at
+  any time and computes ``n = floor(|V|/P)`` iterations of a statement, cut into segments in each of
+  which it sends and receives ``S`` words, touches in a segment at most ``2M + S`` words (those in
+  memory at its start, received, in memory at its end or sent: nothing else, with no recomputation),
+  so it computes at most ``chi(2M + S)`` iterations there and moves at least ``S (n / chi(2M + S) - 1)``
+  words, for every ``S``. Every word sent is received once, so the busiest rank receives at least half
+  of that (summed over the groups a rank runs one after another). ``Q_dep`` keeps SOAP's sequential
+  figure ``|V| / (P rho(S)) - (X0 - S)`` (S: fast memory), which deinsum prints no bound from.
 
 The tile at ``X_P`` is the per-rank block that process-grid selection aims for.
 
@@ -214,3 +220,29 @@ def joint_bound(producer: Statement, consumer: Statement, sizes: Mapping[str, in
         if max(fc, fd) > best:
             best, theta[k] = max(fc, fd), math.exp(x)
     return max(best, 0.0)
+
+
+#: The segment sizes :func:`memory_bound` tries, as multiples of the memory M.
+SEGMENTS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8, 16, 32, 64)
+
+
+def memory_bound(statement: Statement, sizes: Mapping[str, int], P: int, M: float) -> float:
+    """Words a rank sends plus receives at least while it computes ``floor(|V|/P)`` iterations of
+    ``statement`` holding at most ``M`` words at any time (module doc: the most over segment sizes ``S``
+    in :data:`SEGMENTS` of ``S (n / chi(2M + S) - 1)``).
+
+    >>> mm = Statement(("ik", "kj", "ij"))       # 4096^3 on 4096 ranks, 1.25x the data share
+    >>> round(memory_bound(mm, dict(i=4096, j=4096, k=4096), 4096, 1.25 * 3 * 4096))
+    145132
+    """
+    P = check_ranks(P)
+    sizes = check_sizes(statement, sizes)
+    points = statement.iteration_space(sizes) // P
+    if is_trivial(statement, sizes) or points == 0:
+        return 0.0
+    pb = problem(statement, sizes)
+    best = 0.0
+    for t in SEGMENTS:
+        log_chi, _ = pb.chi(2 * M + t * M)
+        best = max(best, t * M * (points / (math.exp(log_chi) * (1 + NOISE)) - 1))
+    return best
