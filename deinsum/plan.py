@@ -134,8 +134,17 @@ class Plan:
     exit: Layout
     schedule: tuple[Move | Compute, ...]   # in order
     pinned: tuple[str, ...] = ()
-    bound: PlanBound | None = None
     memory_default: bool = False         # memory is this machine's default, not given
+    scores: tuple = ()                   # (partition, (modeled words of the busiest rank, fits)) of each scored
+    fusion: tuple = ()                   # candidate, and the plan's partition: what ``bound`` is made from
+
+    @cached_property
+    def bound(self) -> PlanBound | None:
+        """The per-rank lower bounds this plan is held against (:class:`PlanBound`; made on first use: running a
+        plan does not need them). None for an einsum without binary steps."""
+        if self.analysis is None or not self.fusion:
+            return None
+        return _plan_bound(self, self.analysis, dict(self.scores), self.fusion)
 
     @property
     def equation(self) -> str:
@@ -854,19 +863,18 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     plan = Plan(d, nprocs, dtype, memory, inputs, result, analysis, groups,
                 tuple(entry[n] for n in d.input_names), entry["out"], schedule, tuple(sorted(pins)),
                 memory_default=memory_default)
-    states = {partition: state for _, partition, state in scored}
-    states[scored[0][1]] = best
-    return replace(plan, bound=_plan_bound(plan, analysis, states, scored[0][1]))
+    scores = {partition: (int(state.received.max(initial=0)), state.over == 0) for _, partition, state in scored}
+    scores[scored[0][1]] = (int(best.received.max(initial=0)), best.over == 0)
+    return replace(plan, scores=tuple(scores.items()), fusion=scored[0][1])
 
 
 def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
     """The plan's bounds (:class:`PlanBound`) from the analysis' memory-independent group bounds, each at
-    least what the result's copies cost (``scored``: the planned state of each candidate partition
+    least what the result's copies cost (``scored``: ``(modeled words, fits)`` of each candidate partition
     scored; ``chosen``: the plan's partition)."""
     copies = _whole(analysis.result_copies)
     candidates = [(c.partition, max(copies, _whole(c.parallel_Q)),
-                   None if c.partition not in scored else int(scored[c.partition].received.max(initial=0)))
-                  for c in analysis.candidates]
+                   None if c.partition not in scored else scored[c.partition][0]) for c in analysis.raised]
     least, best = analysis.class_bound
     words = _whole(least)
     alone = sum(g.parallel.Q_indep for g in best.groups)
@@ -881,7 +889,7 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
     in_order = sorted(range(len(chosen)), key=lambda k: max(chosen[k]))     # the plan's groups run in this order
     return PlanBound(words, tuple(per_group[k] for k in in_order), tuple(candidates), binding,
                      _whole(analysis.atomic_words), _whole(analysis.schedule_bound(chosen)), analysis.covers,
-                     tuple(None if p not in scored else scored[p].over == 0 for p, _, _ in candidates))
+                     tuple(None if p not in scored else scored[p][1] for p, _, _ in candidates))
 
 
 def _owned_words(d: Decomposition, nprocs: int, layouts: Mapping[str, Layout]) -> dict[str, float]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import DeinsumError
@@ -160,8 +160,36 @@ class Analysis:
     atomic: ParallelBound | None = None      # the whole einsum as one statement (with sizes and P)
     owned: dict[str, float] | None = None    # average words per rank held at the start or end, if not |T|/P
     result_copies: float = 0.0               # words some rank receives because the result ends with copies
-    paths: int = 1                           # contraction paths the class bound covers (1: this one only)
-    elsewhere: Candidate | None = None       # the least candidate of the other paths, if any
+    inputs: tuple[str, ...] = ()             # the operands' subscripts (after the pre-pass): the other paths'
+
+    @cached_property
+    def _least(self) -> tuple[tuple[Candidate, ...], int, Candidate | None]:
+        """The class bound's search, made on first use (planning does not need it): this path's candidates with
+        the joint bounds that can decide the least, the number of paths covered, and the least candidate of the
+        other paths (every path of at most ``MAX_PATH_OPERANDS`` operands)."""
+        if self.atomic is None:
+            return self.candidates, 1, None
+        count = len(self.inputs)
+        others = _other_paths(self.inputs, self.steps[-1].output, self.steps, self.sizes, self.P, self.owned) if (
+            2 < count <= MAX_PATH_OPERANDS) else []
+        raised = _raise_least(list(self.candidates) + others, lambda c, p, q: self.joint(p, q, c))
+        return (raised[:len(self.candidates)], len(contraction_paths(count)) if others else 1,
+                min(raised[len(self.candidates):], key=lambda c: c.parallel_Q, default=None))
+
+    @property
+    def raised(self) -> tuple[Candidate, ...]:
+        """This path's candidates with the joint bounds that can decide the class bound."""
+        return self._least[0]
+
+    @property
+    def paths(self) -> int:
+        """The contraction paths the class bound covers (1: this one only)."""
+        return self._least[1]
+
+    @property
+    def elsewhere(self) -> Candidate | None:
+        """The least candidate of the other paths, if any."""
+        return self._least[2]
 
     def schedule_bound(self, partition) -> float:
         """The per-rank bound of one candidate with all its joint bounds (computed on first use), at least
@@ -211,7 +239,7 @@ class Analysis:
         """
         if self.candidates[0].parallel_Q is None:
             return None
-        best = min((*self.candidates, *([self.elsewhere] if self.elsewhere else [])), key=lambda c: c.parallel_Q)
+        best = min((*self.raised, *([self.elsewhere] if self.elsewhere else [])), key=lambda c: c.parallel_Q)
         return max(best.parallel_Q, self.result_copies), best
 
     def memory_words(self, M: float) -> float:
@@ -370,16 +398,8 @@ def analyze(decomposition, S: float | None = None, P: int | None = None,
     else:
         ranking = f"ranked by the size-aware numeric bound at S = {S:g}"
     equation = getattr(decomposition, "equation", ",".join(steps[0].subscripts) + "->" + steps[-1].output)
-    a = Analysis(equation, steps, sizes, S, P, sdg(steps), tuple(cands), ranking, atomic, owned or None,
-                 float(result_copies))
-    if atomic is None:
-        return a
-    subs = getattr(decomposition, "input_subscripts", ())
-    others = _other_paths(subs, decomposition.output, steps, sizes, P, owned) if (
-        2 < len(subs) <= MAX_PATH_OPERANDS) else []
-    raised = _raise_least(list(cands) + others, lambda c, p, q: a.joint(p, q, c))
-    return replace(a, candidates=raised[:len(cands)], paths=len(others) and len(contraction_paths(
-        len(subs))) or 1, elsewhere=min(raised[len(cands):], key=lambda c: c.parallel_Q, default=None))
+    return Analysis(equation, steps, sizes, S, P, sdg(steps), tuple(cands), ranking, atomic, owned or None,
+                    float(result_copies), tuple(getattr(decomposition, "input_subscripts", ())))
 
 
 def _raise_least(cands: list[Candidate], joint) -> tuple[Candidate, ...]:
