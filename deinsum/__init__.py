@@ -19,6 +19,7 @@ except RuntimeError as exc:
                       f"site's MPI found (e.g. module load openmpi) on a cluster") from exc
 
 from .darray import DistributedArray
+from .darray_numpy import route_einsums
 from .decompose import Decomposition, Step, decompose
 from .errors import DeinsumError, check_choice
 from .runtime.checks import check_cast
@@ -122,6 +123,9 @@ def einsum(*operands, out=None, optimize=None, order="K", comm=None, inputs="glo
     if out is not None and res is not None:
         return out
     return res if res is None or np.ndim(res) == 0 else np.asarray(res, order=order) if order != "K" else res
+
+
+route_einsums(einsum)   # numpy's einsum-like functions on DistributedArrays run through it
 
 
 def _equation_and_arrays(operands) -> tuple:

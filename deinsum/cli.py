@@ -6,6 +6,8 @@
     deinsum run "ijk,ja,ka->ia" --size i=64,j=64,k=64,a=8 -n 4 --validate
     deinsum run "ijk,ja,ka->ia" --size i=512,j=512,k=512,a=24 -n 2 --device gpu
     deinsum info --json
+    deinsum run "ijk,ja,ka->ia" --size i=512,j=512,k=512,a=24 -n 4 --inputs local --result distributed \
+        --load x.npy b.npy c.npy --save out.npy
 """
 from __future__ import annotations
 
@@ -140,7 +142,8 @@ def cmd_run(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         script = prog.to_script(Path(tmp) / "program.py")
         cmd = launch_command(args.nprocs, script, "--repeat", str(args.repeat), "--device", args.device,
-                             *(["--validate"] if args.validate else []))
+                             *(["--validate"] if args.validate else []), *(["--load", *args.load] if args.load else []),
+                             *(["--save", args.save] if args.save else []))
         try:
             return subprocess.run(cmd, timeout=args.timeout).returncode
         except subprocess.TimeoutExpired:
@@ -158,7 +161,7 @@ def info_facts(comm):
     from .runtime.checks import launch_mismatch, launcher_variables, libmpi_files, mpi_library, node_place
     from .runtime.gemm import machine_key
     from .runtime.gpu import cuda_aware, device_name, load_cupy
-    from .runtime.kernels import gemm_libraries, gemm_routes
+    from .runtime.blas import gemm_libraries, gemm_routes
     local, on_node = node_place(comm)
     nodes = comm.gather((on_node, default_memory(on_node)) if local == 0 else None, root=0)
     if comm.Get_rank() != 0:
@@ -187,7 +190,7 @@ def info_facts(comm):
 def info_text(facts) -> str:
     """:func:`info_facts` as the lines ``deinsum info`` prints."""
     from .runtime.gpu import CUDA_AWARE
-    from .runtime.kernels import gemm_library
+    from .runtime.blas import gemm_library
     mpi, gemm, launcher = facts["mpi"], facts["gemm"], facts["launcher"]
     blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['num_threads']} threads)" for b in facts["blas"])
     gpus = f"none ({facts['gpus']})" if isinstance(facts["gpus"], str) else ", ".join(facts["gpus"]) or "none"
@@ -267,7 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                    help="gpu: the program also carries the GPU path and takes --device gpu (CuPy on the cluster)")
     r = command("run", cmd_run, "emit the program and run it under mpiexec", ("-n", "--nprocs"), True)
-    r.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0")
+    r.add_argument("--validate", action="store_true",
+                   help="compare with numpy.einsum on rank 0 (with --inputs local or --result distributed, rank 0 then "
+                        "holds the whole operands and result: small problems only)")
+    r.add_argument("--load", nargs="+", default=None, metavar="NPY",
+                   help=".npy files, one per operand (default random); with --inputs local each rank reads only its "
+                        "block")
+    r.add_argument("--save", default=None, metavar="NPY",
+                   help="write the result to this .npy file; with --result distributed each rank writes only its block")
     r.add_argument("--repeat", type=int, default=3, help="runs to time (median [min, max])")
     r.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     r.add_argument("--device", choices=("cpu", "gpu"), default="cpu",

@@ -30,13 +30,16 @@ True
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable
 
 import numpy as np
 
-from .runtime.checks import agree, check_launch, collectively
+from .darray_numpy import NumpyProtocols
+from .runtime.checks import agree, check_npy_data, check_launch, collectively
 from .runtime.exchange import exchange
-from .errors import DeinsumError, as_dtype
+from .runtime.npyio import npy_header, read_block, save_blocks
+from .errors import CASTINGS, DeinsumError, as_dtype, check_choice
 from .layout import Layout, pin_layout
 from .schedule import Move
 
@@ -105,10 +108,11 @@ def _agreed_blocks(comm, local, default, what: str) -> tuple:
     return (None if local is None else local.astype(dtype, copy=False)), dtype
 
 
-class DistributedArray:
+class DistributedArray(NumpyProtocols):
     """This rank's ``local`` block (None where it holds nothing) of a global tensor laid out by ``layout``
     on ``comm``. Build one with :meth:`from_global`, :meth:`scatter`, :meth:`from_blocks` or :meth:`full` (also empty);
-    the constructor itself trusts its arguments."""
+    the constructor itself trusts its arguments. numpy's functions, ufuncs and operators run on it
+    distributed (:mod:`deinsum.darray_numpy`)."""
 
     __slots__ = ("local", "layout", "comm", "dtype")
 
@@ -132,6 +136,27 @@ class DistributedArray:
         agree(comm, {"shape": array.shape, "dtype": array.dtype.str, "layout": layout}, error=DeinsumError)
         block = layout.block(comm.rank)
         return cls(None if block is None else array[block].copy(), array.dtype, layout=layout, comm=comm)
+
+    @classmethod
+    def load(cls, path, layout="even", comm=None, *, shape=None, dtype=None, casting="equiv") -> DistributedArray:
+        """Each rank reads only its block of ``layout`` from the ``.npy`` file ``path`` (format 1 to 3, C or
+        Fortran order, either byte order; blocks in native byte order). With ``shape``, the file must hold that
+        shape; with ``dtype``, a dtype that numpy's ``casting`` rule turns into it (by default the same type, in
+        either byte order), and the blocks come as ``dtype``. See :meth:`save`."""
+        comm = _world(comm)
+        path = collectively(comm, os.fspath, path, error=DeinsumError)
+        head = npy_header(comm, path, "load", DeinsumError)   # rank 0 reads it, every rank raises alike
+
+        def check():
+            check_choice("casting", casting, CASTINGS)
+            want = head.dtype.newbyteorder("=") if dtype is None else np.dtype(dtype)
+            check_npy_data(head.shape, head.dtype, shape, want, casting, f"load {path}", DeinsumError)
+            return want, as_layout(layout, head.shape, comm.size)
+
+        want, lay = collectively(comm, check, error=DeinsumError)
+        agree(comm, {"path": path, "layout": lay, "dtype": want.str}, error=DeinsumError)
+        block = read_block(comm, path, head, lay.block(comm.rank), DeinsumError)
+        return cls(None if block is None else block.astype(want, copy=False), want, layout=lay, comm=comm)
 
     @classmethod
     def scatter(cls, array, layout="even", comm=None) -> DistributedArray:
@@ -297,6 +322,24 @@ class DistributedArray:
                 whole = np.empty(self.shape, dtype=self.dtype)
                 comm.Recv(whole, source=0)
         return whole
+
+    def save(self, path) -> None:
+        """Write the tensor to the ``.npy`` file ``path`` (C order, format 1.0), each rank only its block (one
+        copy of a replicated one; partial sums are added first), through a temporary file renamed onto
+        ``path`` once every rank has written: a failed or killed save leaves the previous file or none. Any
+        number of ranks and any layout loads it again (:meth:`load`); ``numpy.load`` reads it.
+
+        >>> import os, tempfile
+        >>> from mpi4py import MPI
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.npy")
+        >>> DistributedArray.from_global(np.arange(6.0).reshape(2, 3), "even", MPI.COMM_SELF).save(path)
+        >>> DistributedArray.load(path, "1: -, 0", MPI.COMM_SELF).local[1]
+        array([3., 4., 5.])
+        """
+        path = collectively(self.comm, os.fspath, path, error=DeinsumError)
+        agree(self.comm, {"path": path}, error=DeinsumError)
+        whole = self.redistribute(Layout(self.shape, self.layout.grid, self.layout.axes)) if self.layout.partial else self
+        save_blocks(self.comm, path, whole.local, whole.layout, self.dtype, DeinsumError)
 
     # ---- just enough local algebra --------------------------------------------------------------
     def rows(self) -> DistributedArray:

@@ -3,7 +3,7 @@
 The program is the plan's data as Python literals (layouts as tuples, not
 tables), the schedule as straight-line code: one function per fused group that
 moves what the group reads (``rt.scatter``, ``rt.reduce_scatter``, ..., each on
-its named communicator) and runs its local steps, and ``run`` that calls them in
+its named communicator, a comment naming the MPI call that runs it) and runs its local steps, and ``run`` that calls them in
 order; then the runtime it runs on: the package files of :data:`RUNTIME`, byte
 for byte, as one compressed payload that the script imports from itself
 (:mod:`deinsum.runtime.bundle`, whose text comes first, verbatim). Each rank
@@ -27,10 +27,14 @@ from .runtime.bundle import pack, package_name
 from .schedule import Move, Prepass
 from .version import __version__
 
-#: The package files (under deinsum/) an emitted script carries, byte for byte.
-RUNTIME = ("errors.py", "memory.py", "layout.py", "redistribute.py", "footprint.py", "runtime/__init__.py",
-           "runtime/exchange.py", "runtime/kernels.py", "runtime/gemm.py", "runtime/checks.py", "runtime/gpu.py",
-           "runtime/runner.py", "runtime/driver.py")
+#: The package files (under deinsum/) an emitted script carries, byte for byte (one emitted for the GPU also
+#: carries :data:`GPU_RUNTIME`; one whose inputs are local or result distributed, :data:`BLOCK_RUNTIME`).
+RUNTIME = ("errors.py", "memory.py", "layout.py", "tables.py", "footprint.py", "runtime/__init__.py",
+           "runtime/exchange.py", "runtime/libraries.py", "runtime/cost.py", "runtime/gemm.py", "runtime/blas.py",
+           "runtime/mttkrp.py", "runtime/ttm.py", "runtime/kernels.py", "runtime/checks.py", "runtime/runner.py",
+           "runtime/driver.py")
+GPU_RUNTIME = ("runtime/gpu.py",)
+BLOCK_RUNTIME = ("runtime/npyio.py",)
 #: What the driver (and the test harness that runs a script's own code) takes from the runtime.
 ENTRY = ("exit_with", "script_main", "script_runtime", "validation_operands")
 #: The line that opens the runtime's part of a script.
@@ -46,21 +50,28 @@ def _name(name: str) -> str:
     return name
 
 
-@lru_cache(maxsize=1)
-def runtime_payload() -> str:
-    """The :data:`RUNTIME` files as one payload (:func:`deinsum.runtime.bundle.pack`; read once per process)."""
-    return pack({path: (_PACKAGE / path).read_text() for path in RUNTIME})
+def runtime_files(device: str = "cpu", blocks: bool = False) -> tuple[str, ...]:
+    """The package files a script emitted for ``device`` carries (with ``blocks``, the block I/O of local inputs
+    and distributed results too)."""
+    return RUNTIME + (GPU_RUNTIME if device == "gpu" else ()) + (BLOCK_RUNTIME if blocks else ())
 
 
-def runtime_part(device: str = "cpu") -> str:
+@lru_cache(maxsize=4)
+def runtime_payload(device: str = "cpu", blocks: bool = False) -> str:
+    """The :func:`runtime_files` as one payload (:func:`deinsum.runtime.bundle.pack`; read once per process)."""
+    return pack({path: (_PACKAGE / path).read_text() for path in runtime_files(device, blocks)})
+
+
+def runtime_part(device: str = "cpu", blocks: bool = False) -> str:
     """The script's runtime: :mod:`deinsum.runtime.bundle` verbatim, the payload, its installation and the
-    imports of the entry points (and, with ``device='gpu'``, of ``open_device``)."""
-    payload = runtime_payload()
+    imports of the entry points (and, with ``device='gpu'``, of ``open_device``; with ``blocks``, of the block
+    I/O module as ``BLOCK_IO``)."""
+    payload, files = runtime_payload(device, blocks), runtime_files(device, blocks)
     package = package_name(payload)
     width = 100
     chunks = "\n".join(f'    "{payload[k:k + width]}"' for k in range(0, len(payload), width))
     lines = [RUNTIME_MARK, f"# deinsum {__version__}'s package files, byte for byte (LZMA, base85) in RUNTIME:",
-             *(f"#   {', '.join(RUNTIME[k:k + 6])}" for k in range(0, len(RUNTIME), 6)),
+             *(f"#   {', '.join(files[k:k + 6])}" for k in range(0, len(files), 6)),
              f"# imported from there as the package {package} by the code of runtime/bundle.py, verbatim:",
              (_PACKAGE / "runtime" / "bundle.py").read_text().rstrip("\n"),
              "", "", f"RUNTIME = (\n{chunks}\n)",
@@ -68,7 +79,10 @@ def runtime_part(device: str = "cpu") -> str:
              f"from {package}.runtime.driver import {', '.join(ENTRY)}  # noqa: E402"]
     if device == "gpu":
         lines.append(f"from {package}.runtime.gpu import open_device as OPEN_DEVICE  # noqa: E402")
-    harness = ["run", "script_runtime", "validation_operands"] + (["OPEN_DEVICE"] if device == "gpu" else [])
+    if blocks:
+        lines.append(f"from {package}.runtime import npyio as BLOCK_IO  # noqa: E402")
+    harness = ["run", "script_runtime", "validation_operands"] + (["OPEN_DEVICE"] if device == "gpu" else []) + (
+        ["BLOCK_IO"] if blocks else [])
     lines.append(f"__all__ = {harness!r}   # what the driver and a test harness take from this module")
     return "\n".join(lines)
 
@@ -82,7 +96,7 @@ def _layouts(plan) -> dict:
     held, transients = footprint_terms(plan)
     names: dict = {}
     for layout in [x for m in plan.moves for x in (m.src, m.dst)] + [p.src for p in plan.prepasses] + [
-            term[0] for group in (held, *transients) for term in group]:
+            term[0] for group in (held, *transients) for term in group] + [*plan.entry, plan.exit]:
         names.setdefault(layout, f"L{len(names)}")
     return names
 
@@ -94,8 +108,10 @@ def _literal(layout) -> str:
 
 def generate(plan, device: str = "cpu") -> str:
     """The program's source text (see module docstring); with ``device='gpu'`` it also carries the GPU path
-    (:mod:`deinsum.runtime.gpu`) and runs there with ``--device gpu``."""
+    (:mod:`deinsum.runtime.gpu`) and runs there with ``--device gpu``; with local inputs or a distributed result
+    it carries the block I/O (:mod:`deinsum.runtime.npyio`)."""
     d = plan.decomposition
+    blocks = plan.inputs == "local" or plan.result == "distributed"
     shapes = list(d.raw_shapes)
     sizes = {c: d.sizes[c] for c in sorted(set("".join(d.raw_subscripts)))}
     header = [
@@ -124,9 +140,13 @@ def generate(plan, device: str = "cpu") -> str:
         f"INPUT_SHAPES = {shapes!r}",
         "# --device gpu runs the local contractions with CuPy: OPEN_DEVICE comes with the runtime" if device == "gpu"
         else "OPEN_DEVICE = None  # emitted for the CPU (emit with device='gpu' for --device gpu)",
+        "# local inputs or a distributed result: each rank reads and writes its blocks with BLOCK_IO (runtime)"
+        if blocks else "BLOCK_IO = None  # whole inputs and result: no block I/O carried",
         "# the layouts: (shape, grid, axes, partial); axes[x] = the grid dimension(s) splitting axis x, partial =",
         "# the grid dimensions over which blocks hold partial sums",
         "\n".join(f"{name} = {_literal(layout)}" for layout, name in names.items()),
+        f"ENTRY = [{', '.join(names[layout] for layout in plan.entry)}]  # where the inputs start, {plan.inputs}",
+        f"EXIT = {names[plan.exit]}  # where the result ends, {plan.result}",
         "# MOVES[k] = (timer, label, source layout, destination layout, split, rounds) of move k, from which every",
         "# rank builds its own exchange tables at start-up (split: None, or how a reduce-scatter first cuts each",
         "# block; rounds: None, or (axis, T): T steps, each bringing one round's or part's share of the block",
@@ -143,7 +163,7 @@ def generate(plan, device: str = "cpu") -> str:
     for g in plan.groups:
         data.append(f"GRID{g.index} = {tuple(g.grid.dims)!r}  # ({', '.join(g.indices)})")
     footer = ["if __name__ == '__main__':", "    exit_with(script_main(globals()))", ""]
-    return "\n\n\n".join(["\n".join(header), "\n".join(data), _listing(plan).rstrip("\n"), runtime_part(device),
+    return "\n\n\n".join(["\n".join(header), "\n".join(data), _listing(plan).rstrip("\n"), runtime_part(device, blocks),
                            "\n".join(footer)])
 
 
@@ -215,7 +235,8 @@ def _round_lines(g, moves, grid) -> list[str]:
             m, k = rounded[name]
             e = m.exchanges[0]
             comm, made = _communicator(e, "        ")
-            lines += made + [f"        {_name(name)}_t = rt.{e.kind}({_name(name)}, move={k}, step=t, comm={comm})"]
+            lines += made + [f"        {_name(name)}_t = rt.{e.kind}({_name(name)}, move={k}, step=t, comm={comm})"
+                             + _mpi(e)]
         elif index in sub:
             lines.append(f"        {_name(name)}_t = rt.slab({_name(name)}, {sub.index(index)}, {count}, t)")
         parts.append(f"{_name(name)}_t" if name in rounded or index in sub else _name(name))
@@ -235,10 +256,16 @@ def _move_lines(move, k) -> list[str]:
         step = f", step={s}" if s else ""
         if move.parts:   # its steps are the parts of one reduction, placed into the destination block
             axis, parts = move.parts
-            lines.append(f"    {t} = rt.in_parts({e.kind!r}, {t}, move={k}, axis={axis}, parts={parts}, comm={comm})")
+            lines.append(f"    {t} = rt.in_parts({e.kind!r}, {t}, move={k}, axis={axis}, parts={parts}, comm={comm})"
+                         + _mpi(e))
         else:
-            lines.append(f"    {t} = rt.{e.kind}({t}, move={k}{step}, comm={comm})")
+            lines.append(f"    {t} = rt.{e.kind}({t}, move={k}{step}, comm={comm})" + _mpi(e))
     return lines
+
+
+def _mpi(exchange) -> str:
+    """The comment that says what MPI runs for an exchange step."""
+    return f"  # MPI_{exchange.mpi}" if exchange.mpi else "  # no MPI call: a local slice"
 
 
 def _communicator(exchange, indent: str) -> tuple[str, list[str]]:

@@ -12,6 +12,10 @@ class DeinsumError(ValueError):
     """
 
 
+#: numpy's casting rules, as ``numpy.can_cast`` names them.
+CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
+
+
 def check_choice(option: str, value, choices) -> None:
     """Raise a DeinsumError naming ``option`` unless ``value`` is one of ``choices``.
 

@@ -5,12 +5,15 @@ or emitted) holds at once on a rank, in bytes:
 
 * the inputs as the caller holds them (their entry layouts, raw shapes), and the
   blocks their unary pre-pass steps make;
-* every block the program binds: each move's destination block and each step's
-  output block on its group's grid (the program keeps its names to the end); in a
-  group that runs in rounds, one round's part of the blocks that hold the rounds'
-  index (its moves' destinations, its steps' operands and outputs), and the round's
-  partial result on top;
-* the largest transient on top: a step's operand copies (transposes for BLAS),
+* every block the program binds: each move's destination block and each group's
+  result block on its grid (the program keeps its names to the end); in a group
+  that runs in rounds, one round's part of the moved blocks that hold the rounds'
+  index;
+* the largest transient on top: while a group's kernel runs, its intermediate steps'
+  outputs and a step's operand copies (transposes for BLAS), in rounds of one
+  round's part and of the piece the kernel is called on (``Runtime.contract_round``
+  cuts what holds the result's first index into ROUND_PIECES pieces), and a piece of
+  the round's partial result;
   or a reduction's staging buffers (partial sums received before they are added)
   and the copy that releases them (a reduction in parts: one part's);
 * ``SLACK`` bytes for numpy's iterator buffers (a broadcast multiply buffers 2 x 8192
@@ -40,7 +43,8 @@ ROUND_PIECES = 8
 def footprint_terms(plan) -> tuple:
     """The plan's peak as layouts, ``(held, transients)``: the sum of the ``held`` terms plus the largest sum of
     one tuple of ``transients``, each term ``(layout, per_word, per_holder, cut)`` counting ``per_word`` words
-    per element of the layout's block (of one round's part of it where ``cut`` is ``(axis, rounds)``) and
+    per element of the layout's block (of one round's part of it where ``cut`` is ``(axis, rounds)``; of one
+    piece of that where it goes on ``axis, pieces``: :meth:`deinsum.layout.Layout.block_sizes`) and
     ``per_holder`` words where the rank holds a block (see :func:`peak_bytes`). Small (a few terms per move
     and step), so emitted scripts carry it."""
     sizes = plan.decomposition.sizes
@@ -60,15 +64,21 @@ def footprint_terms(plan) -> tuple:
 
 def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None) -> tuple:
     """``(held, transients)`` of one fused group on ``grid`` (a :class:`deinsum.grids.GridChoice`), in
-    ``rounds`` ``(index, T)`` or None: its steps' output blocks held, each step's operand copies on top, one
-    round's part of those that hold the index, and in rounds a piece of the round's partial result (see
-    ``Runtime.contract_round``). The planner counts a candidate group with the same terms."""
+    ``rounds`` ``(index, T)`` or None: its result block held (the program keeps it to the end); while its
+    kernel runs (``contract_group``: one call computes every step), its intermediate steps' outputs and each
+    step's operand copies on top, one round's part of those that hold the index, and in rounds a piece of the
+    round's partial result (see ``Runtime.contract_round``: each round runs the group on ROUND_PIECES pieces
+    along the result's first index, so what holds that index is made or copied a piece at a time). The
+    planner counts a candidate group with the same terms."""
     index, count = rounds or ("", 1)
+    first = output_subscripts[:1] if rounds else ""
     cut = lambda sub: (sub.index(index), count) if index and index in sub else ()  # noqa: E731
+    piece = lambda sub: cut(sub) + ((sub.index(first), ROUND_PIECES) if first and first in sub else ())  # noqa: E731
     block = lambda sub: grid.layout(sub, sizes, partial=False)  # noqa: E731
-    piece = ((block(output_subscripts), 1, 0, (0, ROUND_PIECES) if output_subscripts else ()),) if rounds else ()
-    held = tuple((block(s.output), 1, 0, cut(s.output)) for s in steps)
-    return held, tuple(tuple((block(sub), 1, 0, cut(sub)) for sub in s.subscripts) + piece for s in steps)
+    result = ((block(output_subscripts), 1, 0, piece(output_subscripts)),) if rounds else ()
+    inner = tuple((block(s.output), 1, 0, piece(s.output)) for s in steps[:-1])
+    held = ((block(output_subscripts), 1, 0, cut(output_subscripts)),)
+    return held, tuple(inner + tuple((block(sub), 1, 0, piece(sub)) for sub in s.subscripts) + result for s in steps)
 
 
 def reduction_staging(src, dst, parts: tuple | None = None) -> tuple:
@@ -80,9 +90,8 @@ def reduction_staging(src, dst, parts: tuple | None = None) -> tuple:
     return ((dst, src.n_summands, 0, ()), (src, 2, 0, ()))
 
 
-def term_words(group: tuple, ranks: np.ndarray, extents=None) -> np.ndarray:
-    """Words of one tuple of :func:`footprint_terms` terms at ``ranks``; vectorised. ``extents(layout)``, if
-    given, returns the (ranks x axes) extents of the layout's blocks at ``ranks`` (the planner's are cached).
+def term_words(group: tuple, ranks: np.ndarray) -> np.ndarray:
+    """Words of one tuple of :func:`footprint_terms` terms at ``ranks``; vectorised.
 
     >>> from deinsum.layout import Layout
     >>> even = Layout.even((10, 8), 2)                        # blocks of 5 x 8
@@ -91,15 +100,7 @@ def term_words(group: tuple, ranks: np.ndarray, extents=None) -> np.ndarray:
     """
     total = np.zeros(ranks.size, dtype=np.int64)
     for layout, per_word, per_holder, cut in group:
-        if extents is None:
-            lo, hi = layout.boxes_of(ranks)
-            extent = hi - lo
-        else:
-            extent = extents(layout)
-        if cut:
-            extent = extent.copy()
-            extent[:, cut[0]] = -(-extent[:, cut[0]] // cut[1])
-        total += per_word * np.prod(extent, axis=1, dtype=np.int64) + per_holder * (ranks < layout.nranks)
+        total += per_word * layout.block_sizes(ranks, cut) + per_holder * (ranks < layout.nranks)
     return total
 
 

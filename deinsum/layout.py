@@ -321,16 +321,85 @@ class Layout:
         return _layout_boxes(self, nprocs)
 
     def boxes_of(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(lo, hi)`` of the blocks of the given ``ranks`` (empty for ranks holding nothing); vectorised."""
+        """``(lo, hi)`` of the blocks of the given ``ranks`` (empty for ranks holding nothing); vectorised
+        (read-only: kept for a few ranks, see :meth:`holdings_of`)."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        if ranks.size <= KEPT_RANKS:
+            return _kept_holdings(self, ranks.tobytes())[:2]
+        return self._boxes(self._at(ranks))
+
+    def holdings_of(self, ranks: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``(lo, hi, block, summand, replica, held)`` at ``ranks`` at once (:meth:`boxes_of`, :meth:`block_index`,
+        :meth:`summand_index`, :meth:`replica_index`, ``ranks < nranks``), the coordinates computed once;
+        read-only arrays, kept per layout and ranks up to KEPT_RANKS ranks.
+
+        >>> [a.tolist() for a in Layout((4,), grid=(2, 2), axes=(0,), partial=(1,)).holdings_of(np.arange(5))[2:]]
+        [[[0], [0], [1], [1], [0]], [0, 1, 0, 1, 0], [0, 0, 0, 0, 0], [True, True, True, True, False]]
+        """
+        ranks = np.asarray(ranks, dtype=np.int64)
+        if ranks.size <= KEPT_RANKS:
+            return _kept_holdings(self, ranks.tobytes())
+        return self._holdings(ranks)
+
+    def _holdings(self, ranks: np.ndarray) -> tuple[np.ndarray, ...]:
+        at = self._at(ranks)
+        arrays = (*self._boxes(at), self._block_index(at), self._index(sorted(self.partial), at),
+                  self._index(self.replicated_dims, at), at[1])
+        for a in arrays:
+            a.flags.writeable = False
+        return arrays
+
+    def block_sizes(self, ranks: np.ndarray, cut: tuple[int, ...] = ()) -> np.ndarray:
+        """Words in the block of each of ``ranks`` (0 where a rank holds none; 1 for a 0-d tensor); with ``cut``
+        ``(axis, T)``, in the largest of T balanced parts of it along ``axis`` (one round's); ``(axis, T, axis2,
+        T2, ...)`` cuts that part again (a piece of a round's part). Vectorised.
+
+        >>> Layout((10, 8), grid=(2,), axes=(0, None)).block_sizes(np.arange(3), cut=(0, 2)).tolist()   # 3 x 8
+        [24, 24, 0]
+        >>> Layout((10, 8), grid=(2,), axes=(0, None)).block_sizes(np.arange(1), cut=(0, 2, 1, 3)).tolist()   # 3 x 3
+        [9]
+        """
+        ranks = np.asarray(ranks, dtype=np.int64)
+        if not self.shape:
+            return np.ones(ranks.size, dtype=np.int64)
+        if ranks.size <= KEPT_RANKS:
+            lo, hi = _kept_holdings(self, ranks.tobytes())[:2]
+            extent = hi - lo
+            for axis, parts in zip(cut[::2], cut[1::2]):
+                extent[:, axis] = -(-extent[:, axis] // parts)
+            return np.prod(extent, axis=1, dtype=np.int64)
+        coords, held, per_rank = self._at(ranks)
+        words = np.ones((), dtype=np.int64)
+        for x, n in enumerate(self.shape):
+            start, stop = nested_range(n, self.axis_parts(x), [coords[g] for g in self.axis_dims(x)])
+            extent = stop - start
+            for axis, parts in zip(cut[::2], cut[1::2]):
+                extent = -(-extent // parts) if axis == x else extent
+            words = words * extent
+        return per_rank(words) * held
+
+    def _at(self, ranks: np.ndarray) -> tuple:
+        """``(coords, held, per_rank)`` to evaluate per-rank figures at ``ranks``: ``coords[g]`` the coordinates
+        along grid dimension ``g`` (rank 0's where a rank holds nothing), ``held`` whether each rank holds a block,
+        ``per_rank(a)`` the values at ``ranks`` of an array computed from ``coords``. At least as many ranks as the
+        grid has: ``coords`` span the grid once (broadcast open ranges: each block computed once) and ``per_rank``
+        picks each rank's; fewer: ``coords`` are the ranks' own."""
         ranks = np.asarray(ranks, dtype=np.int64)
         held = ranks < self.nranks
-        coords = grid_coords(self.grid, np.where(held, ranks, 0))
-        lo = np.zeros((ranks.size, len(self.shape)), dtype=np.int64)
+        at = np.where(held, ranks, 0)
+        if ranks.size > KEPT_RANKS and ranks.size >= self.nranks:
+            coords = [np.arange(p).reshape([p if g == d else 1 for g in range(len(self.grid))])
+                      for d, p in enumerate(self.grid)]
+            return coords, held, lambda a: a if np.ndim(a) == 0 else np.broadcast_to(a, self.grid).reshape(-1)[at]
+        return (np.unravel_index(at, self.grid) if self.grid else ()), held, lambda a: a
+
+    def _boxes(self, at: tuple) -> tuple[np.ndarray, np.ndarray]:
+        coords, held, per_rank = at
+        lo = np.zeros((held.size, len(self.shape)), dtype=np.int64)
         hi = np.zeros_like(lo)
         for x, n in enumerate(self.shape):
-            dims = self.axis_dims(x)
-            start, stop = nested_range(n, self.axis_parts(x), [coords[:, g] for g in dims])
-            lo[:, x], hi[:, x] = start * held, stop * held
+            start, stop = nested_range(n, self.axis_parts(x), [coords[g] for g in self.axis_dims(x)])
+            lo[:, x], hi[:, x] = per_rank(start) * held, per_rank(stop) * held
         return lo, hi
 
     def block_index(self, ranks: np.ndarray) -> np.ndarray:
@@ -339,19 +408,20 @@ class Layout:
         >>> Layout((5, 7), grid=(2, 3), axes=(1, None)).block_index(np.arange(7))[:, 0].tolist()
         [0, 1, 2, 0, 1, 2, 0]
         """
-        ranks = np.asarray(ranks, dtype=np.int64)
-        held = ranks < self.nranks
-        coords = grid_coords(self.grid, np.where(held, ranks, 0))
-        index = np.zeros((ranks.size, len(self.shape)), dtype=np.int64)
+        return self._block_index(self._at(ranks))
+
+    def _block_index(self, at: tuple) -> np.ndarray:
+        coords, held, per_rank = at
+        index = np.zeros((held.size, len(self.shape)), dtype=np.int64)
         for x in range(len(self.shape)):
             dims = self.axis_dims(x)
             if dims:
-                index[:, x] = np.ravel_multi_index(tuple(coords[:, g] for g in dims), self.axis_parts(x)) * held
+                index[:, x] = per_rank(np.ravel_multi_index(tuple(coords[g] for g in dims), self.axis_parts(x))) * held
         return index
 
     def summand_index(self, ranks: np.ndarray) -> np.ndarray:
         """Per rank, which of the partial sums it holds: C-order rank of its coordinates over ``partial``."""
-        return self._index_over(sorted(self.partial), ranks)
+        return self._index(sorted(self.partial), self._at(ranks))
 
     @property
     def n_replicas(self) -> int:
@@ -365,15 +435,14 @@ class Layout:
         >>> Layout((5, 7), grid=(2, 3), axes=(0, None)).replica_index(np.arange(7)).tolist()
         [0, 1, 2, 0, 1, 2, 0]
         """
-        return self._index_over(self.replicated_dims, ranks)
+        return self._index(self.replicated_dims, self._at(ranks))
 
-    def _index_over(self, dims, ranks: np.ndarray) -> np.ndarray:
-        ranks = np.asarray(ranks, dtype=np.int64)
-        held = ranks < self.nranks
+    def _index(self, dims, at: tuple) -> np.ndarray:
+        """C-order rank of the coordinates over grid ``dims`` (0 where a rank holds nothing)."""
+        coords, held, per_rank = at
         if not dims:
-            return np.zeros(ranks.size, dtype=np.int64)
-        coords = grid_coords(self.grid, np.where(held, ranks, 0))
-        return np.ravel_multi_index(tuple(coords[:, list(dims)].T), [self.grid[g] for g in dims]) * held
+            return np.zeros(held.size, dtype=np.int64)
+        return per_rank(np.ravel_multi_index(tuple(coords[g] for g in dims), [self.grid[g] for g in dims])) * held
 
     def largest_block(self) -> int:
         """Words in the largest block (the block of rank 0 under balanced splits)."""
@@ -468,26 +537,21 @@ class Layout:
         return Layout(self.shape, self.grid, tuple(tuple(d) if d else None for d in nest))
 
 
+#: :meth:`Layout.holdings_of` keeps its arrays at up to this many ranks (by layout and ranks): the planner's
+#: search models the same sample ranks (``deinsum.plan.SEARCH_RANKS``) of the same layouts many times.
+KEPT_RANKS = 256
+
+
+@lru_cache(maxsize=4096)
+def _kept_holdings(layout: Layout, ranks: bytes) -> tuple[np.ndarray, ...]:
+    return layout._holdings(np.frombuffer(ranks, dtype=np.int64))
+
+
 @lru_cache(maxsize=64)
 def _layout_boxes(layout: Layout, nprocs: int) -> tuple[np.ndarray, np.ndarray]:
     lo, hi = layout.boxes_of(np.arange(nprocs))
     lo.flags.writeable = hi.flags.writeable = False
     return lo, hi
-
-
-def grid_coords(grid: Sequence[int], ranks: np.ndarray) -> np.ndarray:
-    """C-order coordinates ``(len(ranks), len(grid))`` of ``ranks`` in ``grid``.
-
-    >>> grid_coords((2, 3), np.array([0, 4, 5])).tolist()
-    [[0, 0], [1, 1], [1, 2]]
-    """
-    ranks = np.asarray(ranks, dtype=np.int64)
-    coords = np.empty((ranks.size, len(grid)), dtype=np.int64)
-    stride = 1
-    for g in reversed(range(len(grid))):
-        coords[:, g] = ranks // stride % grid[g]
-        stride *= grid[g]
-    return coords
 
 
 def pin_layout(spec, shape: tuple[int, ...], nprocs: int, what: str) -> Layout:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, reduce
 from typing import Mapping
 
 import numpy as np
@@ -40,6 +40,9 @@ MAX_PARTITIONS = 16
 GRIDS_PER_GROUP = 6
 #: ... and the partial plans kept after each group (beam search).
 BEAM_WIDTH = 6
+#: The search plans again, at most this many times, with less memory where the chosen plan, modeled on every
+#: rank, peaks above the memory that the sample ranks fitted.
+REPLANS = 2
 #: The search models this many sample ranks (all of them up to this count); the chosen plan is
 #: modeled on every rank.
 SEARCH_RANKS = 256
@@ -564,27 +567,41 @@ class _Planner:
         self.ranks = sample_ranks(nprocs, SEARCH_RANKS)
         self._words: dict = {}
         self._grids: dict = {}
-        self._extents: dict = {}
-
-    def shape(self, sub: str) -> tuple[int, ...]:
-        return tuple(self.sizes[c] for c in sub)
+        self._terms: dict = {}
+        self._holds: dict = {}
+        self._homes: dict = {}
 
     def words(self, src: Layout, dst: Layout, ranks: np.ndarray) -> np.ndarray:
+        """:func:`received_words` at ``ranks`` (cached; at every rank, the plan's moves share it)."""
         key = (src, dst, ranks.size)
         if key not in self._words:
-            self._words[key] = received_words(src, dst, self.nprocs, ranks)
+            every = ranks.size == self.nprocs
+            self._words[key] = received_words(src, dst, self.nprocs, None if every else ranks)
         return self._words[key]
 
-    def held_words(self, terms: tuple, ranks: np.ndarray) -> np.ndarray:
-        """Words of footprint terms at ``ranks`` (:func:`deinsum.footprint.term_words`, block extents cached)."""
-        def extents(layout: Layout) -> np.ndarray:
-            key = (layout, ranks.size)
-            if key not in self._extents:
-                lo, hi = layout.boxes_of(ranks)
-                self._extents[key] = hi - lo
-            return self._extents[key]
+    def holds(self, src: Layout, dst: Layout, ranks: np.ndarray) -> bool:
+        """:func:`_holds_blocks` at ``ranks`` (cached)."""
+        key = (src, dst, ranks.size)
+        if key not in self._holds:
+            self._holds[key] = _holds_blocks(src, dst, self.nprocs, ranks)
+        return self._holds[key]
 
-        return term_words(terms, ranks, extents)
+    def held_words(self, terms: tuple, ranks: np.ndarray) -> np.ndarray:
+        """Words of footprint terms at ``ranks``: the sum of each term's :func:`deinsum.footprint.term_words`
+        (cached per term)."""
+        total = np.zeros(ranks.size, dtype=np.int64)
+        for term in terms:
+            key = (term, ranks.size)
+            if key not in self._terms:
+                self._terms[key] = term_words((term,), ranks)
+            total += self._terms[key]
+        return total
+
+    def home(self, layout: Layout) -> Layout:
+        """:func:`_home` (cached)."""
+        if layout not in self._homes:
+            self._homes[layout] = _home(layout)
+        return self._homes[layout]
 
     def start(self, ranks: np.ndarray) -> _State:
         """The plan before its first group: the inputs where they start, whole ones with a pinned layout
@@ -592,9 +609,9 @@ class _Planner:
         zero = np.zeros(ranks.size, dtype=np.int64)
         layouts = {n: s for n, s in self.starts.items() if s is not None}
         moves = tuple(Move(n, "distribute", layouts[n], pinned, self.nprocs) for n, pinned in self.first.items()
-                      if not _holds_blocks(layouts[n], pinned, self.nprocs, ranks))
+                      if not self.holds(layouts[n], pinned, ranks))
         received = sum((self.words(m.src, m.dst, ranks) for m in moves), zero)
-        pending = sum((self.words(x, _home(x), ranks) for x in layouts.values() if x.partial), zero)
+        pending = sum((self.words(x, self.home(x), ranks) for x in layouts.values() if x.partial), zero)
         held = self.held_words(tuple((x, 1, 0, ()) for x in [*layouts.values(), *(m.dst for m in moves), *self.kept]),
                                ranks)
         return _State(received, pending, tuple((layouts | self.first).items()), (), tuple(("move", m) for m in moves),
@@ -659,18 +676,18 @@ class _Planner:
             dst = choice.layout(sub, self.sizes, partial=False)
             src = layouts.get(name)
             if src is None:                       # the planner chooses where this input starts: at home here
-                src = entry[name] = _home(dst)
+                src = entry[name] = self.home(dst)
                 held += self.held_words(((src, 1, 0, ()),), ranks)
             elif src.partial:                     # the estimate owed for it is now paid for real
-                pending -= self.words(src, _home(src), ranks)
-            if not _holds_blocks(src, dst, self.nprocs, ranks):
+                pending -= self.words(src, self.home(src), ranks)
+            if not self.holds(src, dst, ranks):
                 phase = "distribute" if name in self.d.input_names else "reduce" if src.partial else "redistribute"
                 received += self.words(src, dst, ranks)
                 moves.append((name, sub, src, dst, phase))
             layouts[name] = dst
         produced = choice.layout(group_steps[-1].output, self.sizes, partial=True)
-        final = (self.finish or _home(produced)) if last else None
-        exit_move = last and not _holds_blocks(produced, final, self.nprocs, ranks)
+        final = (self.finish or self.home(produced)) if last else None
+        exit_move = last and not self.holds(produced, final, ranks)
         rounds, added, peak = self.rounds(group_steps, choice, moves, final if exit_move else None, held, ranks)
         parts = (0, ROUND_PIECES) if rounds and exit_move and self.in_parts(produced, final) else None
         for name, sub, src, dst, phase in moves:
@@ -690,7 +707,7 @@ class _Planner:
                     "reduce" if produced.partial else "redistribute")
                 items.append(("move", Move("out", phase, produced, final, self.nprocs, number, parts=parts)))
         elif produced.partial:
-            pending += self.words(produced, _home(produced), ranks)
+            pending += self.words(produced, self.home(produced), ranks)
         over = max(state.over, int(peak.max(initial=0)) - self.budget)
         return _State(received, pending, tuple(layouts.items()), tuple(entry.items()), tuple(items), held + added,
                       max(0, over))
@@ -721,7 +738,7 @@ class _Planner:
                           for _, sub, _, dst, _ in moves)
             added = self.held_words(moved + group_held, ranks)
             top = [self.held_words(group, ranks) for group in group_transients] + staging + [parts if rounds else whole]
-            return added, held + added + exit_words + np.max(top, axis=0)
+            return added, held + added + exit_words + reduce(np.maximum, top)
 
         added, first = peak("", 1)
         if first.max(initial=0) <= self.budget:
@@ -846,23 +863,28 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
 
     planner = _Planner(d, nprocs, starts, first, finish, memory // dtype.itemsize - SLACK // dtype.itemsize,
                        tuple(raw.values()))
-    scored = []
-    for candidate in analysis.candidates[:MAX_PARTITIONS]:
-        state = planner.search(candidate.partition)
-        scored.append((state.key(), candidate.partition, state))
-    scored.sort(key=lambda t: (t[0], t[1]))
-    best = planner.assemble(scored[0][2])
-    entry = {**{n: s for n, s in starts.items() if s is not None}, **dict(best.entry), **raw}
-    groups = tuple(item for kind, item in best.items if kind == "compute")
-    groups = tuple(replace(g, grid=replace(g.grid, volume=_group_volume(best.items, g.index),
-                                           reason=f"{g.grid.reason}; best of {len(scored)} fusion "
-                                                  f"candidate(s) x beam {BEAM_WIDTH}")) for g in groups)
-    by_index = {g.index: g for g in groups}
-    schedule = tuple(prepass) + tuple(Compute(by_index[item.index]) if kind == "compute" else item
-                                      for kind, item in best.items)
-    plan = Plan(d, nprocs, dtype, memory, inputs, result, analysis, groups,
-                tuple(entry[n] for n in d.input_names), entry["out"], schedule, tuple(sorted(pins)),
-                memory_default=memory_default)
+    for _ in range(REPLANS + 1):
+        scored = []
+        for candidate in analysis.candidates[:MAX_PARTITIONS]:
+            state = planner.search(candidate.partition)
+            scored.append((state.key(), candidate.partition, state))
+        scored.sort(key=lambda t: (t[0], t[1]))
+        best = planner.assemble(scored[0][2])
+        entry = {**{n: s for n, s in starts.items() if s is not None}, **dict(best.entry), **raw}
+        groups = tuple(item for kind, item in best.items if kind == "compute")
+        groups = tuple(replace(g, grid=replace(g.grid, volume=_group_volume(best.items, g.index),
+                                               reason=f"{g.grid.reason}; best of {len(scored)} fusion "
+                                                      f"candidate(s) x beam {BEAM_WIDTH}")) for g in groups)
+        by_index = {g.index: g for g in groups}
+        schedule = tuple(prepass) + tuple(Compute(by_index[item.index]) if kind == "compute" else item
+                                          for kind, item in best.items)
+        plan = Plan(d, nprocs, dtype, memory, inputs, result, analysis, groups,
+                    tuple(entry[n] for n in d.input_names), entry["out"], schedule, tuple(sorted(pins)),
+                    memory_default=memory_default)
+        excess = plan.peak_bytes - memory
+        if excess <= 0 or scored[0][0][0]:   # it fits, or the search knew no plan would
+            break
+        planner.budget -= -(-excess // dtype.itemsize)   # a rank the search did not sample peaks higher
     scores = {partition: (int(state.received.max(initial=0)), state.over == 0) for _, partition, state in scored}
     scores[scored[0][1]] = (int(best.received.max(initial=0)), best.over == 0)
     return replace(plan, scores=tuple(scores.items()), fusion=scored[0][1])

@@ -24,11 +24,12 @@ from .runtime.checks import node_place
 from .runtime.checks import kept_on, unanimous, write_atomically
 from .emit import generate
 from .runtime.gpu import is_device_array, open_device
-from .runtime.kernels import contract_pair, gemm_library, group_strategy, unary
+from .runtime.blas import gemm_library
+from .runtime.kernels import contract_pair, group_strategy, unary
 from .runtime.runner import Runtime, pin_blas_threads
 from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
-from .errors import DeinsumError, as_dtype, as_ranks, check_choice
+from .errors import CASTINGS, DeinsumError, as_dtype, as_ranks, check_choice
 from .footprint import footprint
 from .memory import as_bytes, default_memory
 from .plan import INPUT_MODES, RESULT_MODES, Plan, bound_notes, build_plan, check_pins, pin_names
@@ -75,14 +76,11 @@ def call_comm(comm, arrays) -> tuple:
     return MPI.COMM_WORLD, f"comm={comm!r}: expected an mpi4py communicator such as MPI.COMM_WORLD"
 
 
-CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
 #: Runtimes (communicators, datatypes, tables: ~25 kB and up) a program keeps per communicator, the most recent.
 RUNTIMES_KEPT = 8
 _COMMUNICATORS = itertools.count()   # a token per communicator a program ran on (see kept_on)
 #: The memory of a plan made with memory to spare (reports compare a plan with it): 2**62 bytes per rank.
 UNLIMITED = 2**62
-#: The modes an emitted script supports.
-SCRIPT_INPUTS, SCRIPT_RESULTS = ("global", "root"), ("all", "root")
 
 _PINNED = [0]  # the most ranks per node this process pinned its BLAS threads for (a local action)
 
@@ -282,13 +280,11 @@ class Program:
     def to_script(self, path: str | Path, nprocs: int | None = None, dtype=None, inputs: str | None = None,
                   result: str | None = None) -> Path:
         """Write a standalone mpi4py program; atomic write. Its inputs start (and its result ends) as
-        ``inputs`` and ``result`` say, by default as compiled: 'global' or 'root', 'all' or 'root'. A program
-        compiled with ``device='gpu'`` also carries the GPU path (run it with ``--device gpu``)."""
+        ``inputs`` and ``result`` say, by default as compiled: with 'local' inputs each rank reads only its
+        block of each ``--load`` file (in the plan's entry layout), with a 'distributed' result it writes only
+        its block of ``--save``. A program compiled with ``device='gpu'`` also carries the GPU path (run it
+        with ``--device gpu``)."""
         inputs, result = inputs or self.inputs, result or self.result
-        if inputs not in SCRIPT_INPUTS or result not in SCRIPT_RESULTS:
-            raise DeinsumError(f"inputs={inputs!r}, result={result!r}: an emitted script reads whole inputs and "
-                               f"returns the whole result (inputs {' or '.join(SCRIPT_INPUTS)}, "
-                               f"result {' or '.join(SCRIPT_RESULTS)})")
         check_output_path(path, DeinsumError)
         text = generate(self.plan(nprocs=nprocs, dtype=dtype, inputs=inputs, result=result), self.device).encode()
         write_atomically(path, lambda f: f.write(text), DeinsumError)   # every rank may call it
@@ -321,8 +317,21 @@ class Program:
         communicator size, the plan (with the memory agreed across ranks) fits that memory, and local
         blocks match the plan; otherwise every rank raises the same one-line DeinsumError.
         """
-        from mpi4py import MPI
-        held = [a for a in arrays if isinstance(a, DistributedArray)]
+        comm, inputs, result, pins, held, failure = self._call_modes(arrays, comm, inputs, result)
+        shapes, dtype = self._agreed_facts(arrays, comm, inputs, result, pins, held, failure)
+        blocks = [a.local if isinstance(a, DistributedArray) else a for a in arrays]
+        plan, operands = self._agreed_plan(comm, shapes, dtype, inputs, result, pins, blocks)
+        self._pin_threads(comm)
+        device = self._device(comm, plan)
+        out = self._run(plan, comm, device, operands, blocks)
+        if result == "distributed":
+            return DistributedArray(out, plan.dtype, layout=plan.exit, comm=comm)
+        return out[()] if out is not None and out.ndim == 0 else out   # numpy.einsum: a scalar
+
+    def _call_modes(self, arrays, comm, inputs, result) -> tuple:
+        """The call's communicator, modes and pinned layouts (DistributedArray operands pin theirs; a result
+        layout pins ``out``), whether it has DistributedArray operands, and a failure to agree on (or None)."""
+        held = any(isinstance(a, DistributedArray) for a in arrays)
         comm, bad_comm = call_comm(comm, arrays)
         inputs = inputs or ("local" if held else self.inputs)
         result = result if result is not None else self.result if not held or self.result != "all" else "distributed"
@@ -332,17 +341,25 @@ class Program:
                      for n, a in enumerate(arrays)}
         if not (isinstance(result, str) and result in ("all", "root", "distributed")):
             pins["out"], result = result, "distributed"
-        pins = pin_names(pins)
-        facts, failure, shapes, dtype = self._facts(arrays, comm, inputs, result, pins, bool(held))
-        agree(comm, facts, bad_comm or failure, DeinsumError)
+        return comm, inputs, result, pin_names(pins), held, bad_comm
+
+    def _agreed_facts(self, arrays, comm, inputs, result, pins, held, failure) -> tuple:
+        """The operands' shapes and dtype, once every rank agrees on the call (else the same error on all)."""
+        facts, mine, shapes, dtype = self._facts(arrays, comm, inputs, result, pins, held)
+        agree(comm, facts, failure or mine, DeinsumError)
         if self.nprocs is not None and self.nprocs != comm.size:      # (the same on every rank)
             raise DeinsumError(f"compiled for nprocs={self.nprocs}, called on {comm.size} rank(s)")
         if inputs == "root":   # the other ranks learn rank 0's shapes and dtype
             shapes, dtype = comm.bcast((shapes, dtype), root=0)
-        blocks = [a.local if isinstance(a, DistributedArray) else a for a in arrays]
-        # a repeat of this rank's last checked call reuses its plan, if every rank repeats a call with the same
-        # memory: each rank's cache holds its own last call (on any communicator), so the ranks vote, in one
-        # small allreduce instead of planning again and agreeing on the plan
+        return shapes, dtype
+
+    def _agreed_plan(self, comm, shapes, dtype, inputs, result, pins, blocks) -> tuple:
+        """The plan at the memory every rank has, checked to fit it, and this rank's operands as it takes them.
+
+        A repeat of this rank's last checked call reuses its plan, if every rank repeats a call with the same
+        memory: each rank's cache holds its own last call (on any communicator), so the ranks vote, in one
+        small allreduce instead of planning again and agreeing on the plan."""
+        from mpi4py import MPI
         node_ranks = node_place(comm)[1]   # kept per communicator: collective once, on every rank
         call = (self.equation, shapes, dtype, inputs, result, pins, self.memory, self.device, comm.size)
         cached = self._checked_call[1] if self._checked_call and self._checked_call[0] == call else None
@@ -356,15 +373,28 @@ class Program:
                                 error=DeinsumError)
         plan, operands = collectively(comm, self._checked, plan, shapes, blocks, comm.rank, error=DeinsumError)
         self._checked_call = (call, plan)
-        if self.threads == "auto":   # agreed; the node layout is kept per communicator, the pin is local
-            if node_ranks > _PINNED[0]:   # pinned again only for more ranks per node (never raises threads)
-                pin_blas_threads(node_ranks)
-                _PINNED[0] = node_ranks
-        device = None
-        if self.device == "gpu":   # agreed; opened once per communicator, one error everywhere
-            device = open_device(comm, DeinsumError)
-            collectively(comm, device.check_memory, int(footprint(plan)[comm.rank]), DeinsumError,
-                         error=DeinsumError)   # a GPU out of memory on one rank must not leave others waiting
+        return plan, operands
+
+    def _pin_threads(self, comm) -> None:
+        """With ``threads='auto'`` (agreed), BLAS threads x the ranks on this node <= its cores; pinned again only
+        for more ranks per node (never raises threads; the node layout is kept per communicator)."""
+        node_ranks = node_place(comm)[1]
+        if self.threads == "auto" and node_ranks > _PINNED[0]:
+            pin_blas_threads(node_ranks)
+            _PINNED[0] = node_ranks
+
+    def _device(self, comm, plan):
+        """The GPU of a program compiled with ``device='gpu'`` (agreed; opened once per communicator), checked to
+        hold this rank's peak on every rank at once (one out of memory must not leave others waiting)."""
+        if self.device != "gpu":
+            return None
+        device = open_device(comm, DeinsumError)
+        collectively(comm, device.check_memory, int(footprint(plan)[comm.rank]), DeinsumError, error=DeinsumError)
+        return device
+
+    def _run(self, plan, comm, device, operands, blocks):
+        """Run the plan's schedule on this rank's operands and record the run (``last_run``, ``last_plan``)."""
+        from mpi4py import MPI
         rt = self._runtime(plan, comm, device)
         rt.reset()
         out = run_schedule(rt, plan, operands)
@@ -375,9 +405,7 @@ class Program:
         self.last_run = RunReport(comm.rank, dict(rt.clock.seconds), rt.log.bytes_sent, rt.log.bytes_received,
                                   *model)
         self.last_plan = plan
-        if result == "distributed":
-            return DistributedArray(out, plan.dtype, layout=plan.exit, comm=comm)
-        return out[()] if out is not None and out.ndim == 0 else out   # numpy.einsum: a scalar
+        return out
 
     def _runtime(self, plan: Plan, comm, device) -> Runtime:
         """This rank's runtime of ``plan`` on ``comm``, kept for the next calls: the last RUNTIMES_KEPT plans

@@ -5,16 +5,17 @@ one or two :class:`Exchange` steps, each with a kind named after the MPI
 collective it amounts to (:func:`classify`, a pure function of the layouts)
 and the :class:`Communicator` it runs on: every rank (``world``), or the
 ``Cart_sub`` of a group's grid that holds the partial sums of one block.
-Every kind is executed by the same subarray ``Alltoallw`` exchange; the kind
-names it for the reader of a listing.
+A step whose blocks are regular runs MPI's collective of its name (``Allreduce``,
+``Allgatherv``, ``Reduce_scatter``: :func:`deinsum.tables.collectives`), every
+other one a subarray ``Alltoallw``, a ``slice`` none: ``Exchange.mpi`` says which.
 
 >>> from deinsum.layout import Layout
 >>> classify(Layout.on_root((6, 4), 4), Layout.even((6, 4), 4), 4)
 'scatter'
 >>> partial = Layout((8,), grid=(1, 4), axes=(0,), partial=(1,))
 >>> move = Move("t0", "reduce", partial, Layout.replicated((8,), 4), 4, group=0)
->>> [(e.kind, e.comm.name) for e in move.exchanges]     # an allreduce as reduce-scatter + all-gather
-[('reduce_scatter', 'grid0_sum'), ('allgather', 'world')]
+>>> [(e.kind, e.comm.name, e.mpi) for e in move.exchanges]     # an allreduce as reduce-scatter + all-gather
+[('reduce_scatter', 'grid0_sum', 'Reduce_scatter'), ('allgather', 'world', 'Allgatherv')]
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from .layout import Layout
 from .redistribute import Redistribution, plan_redistribution, received_words
+from .tables import COLLECTIVES, distinct, everywhere, on_one_rank
 
 #: Every kind of exchange step, named after the collective it amounts to.
 KINDS = ("scatter", "broadcast", "gather", "allgather", "transpose", "reduce", "allreduce", "reduce_scatter",
@@ -55,10 +57,12 @@ WORLD = Communicator()
 
 @dataclass(frozen=True)
 class Exchange:
-    """One collective step of a move: what it amounts to (one of :data:`KINDS`) and where it runs."""
+    """One collective step of a move: what it amounts to (one of :data:`KINDS`), where it runs and the MPI call
+    that runs it (None for a ``slice``: none)."""
 
     kind: str
     comm: Communicator
+    mpi: str | None = "Alltoallw"
 
 
 @dataclass(frozen=True)
@@ -107,26 +111,12 @@ def unary_layouts(layout: Layout, sub: str, out: str) -> tuple[Layout, Layout]:
     return src, dst
 
 
-def _one_rank(layout: Layout) -> bool:
-    return layout.nranks == 1 and not layout.partial
-
-
-def _everywhere(layout: Layout, nprocs: int) -> bool:
-    split = any(layout.grid[g] > 1 for g in layout.split_dims)
-    return not split and not layout.partial and layout.nranks >= nprocs
-
-
-def _distinct(layout: Layout) -> bool:
-    """No block is held by two ranks."""
-    return all(layout.grid[g] == 1 for g in layout.replicated_dims)
-
-
 def _plain_kind(distinct_src: bool, dst: Layout, nprocs: int) -> str:
-    if _one_rank(dst):
+    if on_one_rank(dst):
         return "gather"
-    if _everywhere(dst, nprocs):
+    if everywhere(dst, nprocs):
         return "allgather"
-    return "transpose" if distinct_src and _distinct(dst) else "redistribute"
+    return "transpose" if distinct_src and distinct(dst) else "redistribute"
 
 
 def classify(src: Layout, dst: Layout, nprocs: int) -> str:
@@ -140,14 +130,14 @@ def classify(src: Layout, dst: Layout, nprocs: int) -> str:
     'transpose'
     """
     if src.partial:
-        if _one_rank(dst):
+        if on_one_rank(dst):
             return "reduce"
-        if _everywhere(dst, nprocs):
+        if everywhere(dst, nprocs):
             return "allreduce"
-        return "reduce_scatter" if _distinct(dst) else "redistribute"
-    if _one_rank(src):
-        return "broadcast" if _everywhere(dst, nprocs) else "scatter"
-    return _plain_kind(_distinct(src), dst, nprocs)
+        return "reduce_scatter" if distinct(dst) else "redistribute"
+    if on_one_rank(src):
+        return "broadcast" if everywhere(dst, nprocs) else "scatter"
+    return _plain_kind(distinct(src), dst, nprocs)
 
 
 @dataclass(frozen=True)
@@ -191,18 +181,20 @@ class Move:
         sums (the output of a group has one holder per block and summand), so it
         runs on the ``Cart_sub`` of the producing group's grid over ``src.partial``.
         """
+        mpi = [COLLECTIVES.get(kind, "Alltoallw") for kind in self.redistribution.collectives]
         if self.redistribution.split is None:
             if not self.words_received.any():   # no rank receives a word: each takes its part of what it holds
-                return (Exchange("slice", WORLD),)
-            return (Exchange(classify(self.src, self.dst, self.nprocs), WORLD),)
+                return (Exchange("slice", WORLD, None),)
+            return (Exchange(classify(self.src, self.dst, self.nprocs), WORLD, mpi[0]),)
         sums = WORLD
-        if self.group is not None and _distinct(self.src):
+        if self.group is not None and distinct(self.src):
             sums = Communicator(self.src.grid, tuple(sorted(self.src.partial)), self.group)
-        return Exchange("reduce_scatter", sums), Exchange(_plain_kind(True, self.dst, self.nprocs), WORLD)
+        return (Exchange("reduce_scatter", sums, mpi[0]),
+                Exchange(_plain_kind(True, self.dst, self.nprocs), WORLD, mpi[1]))
 
     def table(self, rank: int) -> tuple:
         """``rank``'s table of every exchange step, peers numbered in the world
-        (see :func:`deinsum.redistribute.rank_tables`); the runtime renumbers them in each step's communicator."""
+        (see :func:`deinsum.tables.rank_tables`); the runtime renumbers them in each step's communicator."""
         return self.redistribution.table(rank)
 
     @property

@@ -36,7 +36,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import deinsum  # noqa: E402
 from bench_peers import KERNELS, cpu_text, median  # noqa: E402
+from deinsum.runtime import blas as B  # noqa: E402
 from deinsum.runtime import kernels as K  # noqa: E402
+from deinsum.runtime import libraries as L  # noqa: E402
 from deinsum.runtime.gemm import machine_key  # noqa: E402
 
 
@@ -58,12 +60,12 @@ def interleaved(calls: dict, repeat: int, seed: int) -> dict:
 def on_routes(state, fn):
     """``fn`` run with the GEMMs routed as ``state`` says, the measured routes back afterwards."""
     def call():
-        measured = K.gemm_routes()
-        K.use_gemm_routes(state)
+        measured = B.gemm_routes()
+        B.use_gemm_routes(state)
         try:
             return fn()
         finally:
-            K.use_gemm_routes(measured)
+            B.use_gemm_routes(measured)
     return call
 
 
@@ -74,8 +76,8 @@ def gemm_sides(repeat: int) -> dict:
     prog = deinsum.compile("ij,jk->ik", a.shape, b.shape)
     run = lambda: prog(a, b, inputs="local", result="distributed").local     # (P = 1: the whole result)
     calls = {"numpy": lambda: a @ b, "deinsum": run}
-    if np.dtype(np.float64) in K._GEMM:
-        calls["mkl"] = lambda: K._matmul(a, b, "mkl")
+    if np.dtype(np.float64) in L._GEMM:
+        calls["mkl"] = lambda: B.matmul(a, b, "mkl")
     want = a @ b
     for side, call in calls.items():
         assert np.allclose(call(), want), side
@@ -90,14 +92,14 @@ def kernel_sides(name: str, repeat: int, scale: float) -> dict:
     subs = lhs.split(",")
     rng = np.random.default_rng(0)
     ops = [rng.standard_normal([sizes[c] for c in s]) for s in subs]
-    without = {"why": "DEINSUM_GEMM=stream", "routes": K.forced_routes("stream"), "rates": None}
+    without = {"why": "DEINSUM_GEMM=stream", "routes": B.forced_routes("stream"), "rates": None}
     calls = {"measured routes": lambda: K.contract_group(subs, out, *ops),
              "without fast": on_routes(without, lambda: K.contract_group(subs, out, *ops))}
     want = np.einsum(eq, *ops, optimize=True)
     for side, call in calls.items():
         assert np.allclose(call(), want), (name, side)
     strategies = {side: on_routes(state, lambda: K.group_strategy(subs, out, [o.shape for o in ops]))()
-                  for side, state in (("measured routes", K.gemm_routes()), ("without fast", without))}
+                  for side, state in (("measured routes", B.gemm_routes()), ("without fast", without))}
     return {"sizes": sizes, "seconds": interleaved(calls, repeat, 2), "strategies": strategies}
 
 
@@ -115,13 +117,13 @@ def main(argv=None) -> int:
     with threadpool_limits(limits=1):
         load = os.getloadavg()
         start = time.perf_counter()
-        routes = K.gemm_library()    # measured here unless cached for this machine
+        routes = B.gemm_library()    # measured here unless cached for this machine
         routing = time.perf_counter() - start
         gemm = gemm_sides(args.repeat)
         kernels = {name: kernel_sides(name, args.repeat, args.scale) for name in args.kernels if name != "1MM"}
         blas = sorted(f"{i['internal_api']} {i.get('version')} {i.get('architecture') or ''} x{i['num_threads']}"
                       for i in threadpool_info())
-    key = machine_key(K.gemm_libraries())
+    key = machine_key(B.gemm_libraries())
     flops = 2 * 2048 ** 3
     rates = {side: flops / median(s) / 1e9 for side, s in gemm.items()}
     fastest = max((side for side in rates if side != "deinsum"), key=rates.get)
@@ -155,7 +157,7 @@ def main(argv=None) -> int:
     ]
     text = "\n".join(lines) + "\n"
     Path(args.out + ".md").write_text(text)
-    Path(args.out + ".json").write_text(json.dumps({"machine": key, "routes": K.gemm_routes(), "blas": blas,
+    Path(args.out + ".json").write_text(json.dumps({"machine": key, "routes": B.gemm_routes(), "blas": blas,
                                                     "gemm": gemm, "kernels": kernels}, indent=1))
     print(text)
     return 0

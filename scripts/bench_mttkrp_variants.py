@@ -6,7 +6,7 @@ axes one GEMM contracts, X^T KR or KR^T X; all rank columns at once, the model's
 variants with a Khatri-Rao product over 32 MB are left out) on the same operands, one after another;
 medians of --repeat calls after a warm-up. The report lists, per shape and mode, the fastest
 variant, the model's pick and its loss (pick / fastest - 1), and the sum of losses: the
-constants of ``deinsum.runtime.kernels._MTTKRP_FIT`` were fitted on this table. Every variant runs
+constants of ``deinsum.runtime.cost.MTTKRP_FIT`` were fitted on this table. Every variant runs
 on each GEMM library here: numpy's BLAS, and Intel MKL where the `fast` extra installed it; deinsum's
 streaming kernels stay off (they take over the variants they can read, whatever the library, and the
 constants model the libraries). With ``--kernels`` they stay on: variants run as float64 blocks run them
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import platform
 import sys
@@ -34,7 +35,10 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from deinsum.runtime import blas as B  # noqa: E402
 from deinsum.runtime import kernels as K  # noqa: E402
+from deinsum.runtime import libraries as L  # noqa: E402
+from deinsum.runtime import mttkrp as M  # noqa: E402
 
 
 #: (X's dims, R): the suite's orders 3 and 5, and shapes around them (in and out of cache, uneven, R = 8..48)
@@ -42,7 +46,7 @@ SHAPES = [((256, 256, 256), 24), ((24,) * 5, 24), ((128, 128, 128), 16), ((32,) 
           ((512, 64, 256), 24), ((16,) * 5, 48), ((64, 256, 512), 8), ((512, 64, 512), 16)]
 LABELS = "ijklm"
 #: Whether a variant's GEMMs run on MKL: both where the `fast` extra installed it.
-LIBRARIES = (False, True)[:1 + bool(K._GEMM)]
+LIBRARIES = (False, True)[:1 + bool(L._GEMM)]
 
 
 def median_seconds(fn, repeat):
@@ -67,15 +71,15 @@ def measure(dims, nr, repeat, rng):
         ops = [x] + [f for q, f in enumerate(factors) if q != mode]
         out = sx[mode] + "a"
         axes = [q for q in range(len(dims)) if q != mode]
-        picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops), bool(K._GEMM), 8,
-                             K._STREAM is not None)[2][2]   # + block, mkl
+        picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops), bool(L._GEMM), 8,
+                             B._STREAM is not None)[2][2]   # + block, mkl
         pick = picked[:3] + picked[4:]
         times = {}
-        for (s, e, orient), mkl in itertools.product(K._mttkrp_variants(len(dims), axes), LIBRARIES):
-            if (s, e, orient, mkl) != pick and K._prod(dims[s:e]) * nr > 4e6:   # a Khatri-Rao product of
+        for (s, e, orient), mkl in itertools.product(M._variants(len(dims), axes), LIBRARIES):
+            if (s, e, orient, mkl) != pick and math.prod(dims[s:e]) * nr > 4e6:   # a Khatri-Rao product of
                 continue                                                         # over 32 MB: no contender
             params = (0, "a", picked if (s, e, orient, mkl) == pick else (s, e, orient, nr, mkl))
-            times[(s, e, orient, mkl)] = median_seconds(lambda: K._run_mttkrp(subs, out, ops, x.dtype, params),
+            times[(s, e, orient, mkl)] = median_seconds(lambda: M.run(subs, out, ops, x.dtype, params),
                                                         repeat)
         rows.append((mode, times, pick))
     return rows
@@ -85,7 +89,7 @@ def variant_name(dims, mode, variant, nr):
     s, e, orient, mkl = variant
     name = f"GEMM over ({','.join(LABELS[s:e])}) {'X^T KR' if orient == 'rows' else 'KR^T X'}"
     summed = [q for q in range(len(dims)) if q != mode and not s <= q < e]
-    if K._fusion(dims, s, e, orient, summed, nr):       # (None with the kernels off)
+    if M._fusion(dims, s, e, orient, summed, nr):       # (None with the kernels off)
         return name + ", fused"          # (the same pass on either library)
     return name + " (MKL)" * mkl
 
@@ -99,13 +103,13 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="also write every timing here (what the constants are fitted on)")
     args = ap.parse_args(argv)
     if not args.kernels:
-        K._STREAM = None     # the BLAS libraries only
+        B._STREAM = None     # the BLAS libraries only
         K._strategy.cache_clear()
     args.out = args.out or ROOT / "bench-results" / f"mttkrp-variants{'-kernels' * args.kernels}.md"
     rng = np.random.default_rng(0)
     lines = ["# MTTKRP variants: every GEMM variant timed, and the cost model's pick", "",
              f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.node()}, "
-             f"{os.cpu_count()} cores; numpy {np.__version__}, GEMMs: {K.gemm_library()}, 1 thread; float64; median of "
+             f"{os.cpu_count()} cores; numpy {np.__version__}, GEMMs: {B.gemm_library()}, 1 thread; float64; median of "
              f"{args.repeat} calls after a warm-up", "",
              "| X | R | mode | variants | fastest (ms) | model's pick (ms) | loss |", "|---|---|---|---|---|---|---|"]
     total, timings = 0.0, []

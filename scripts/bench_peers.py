@@ -88,7 +88,9 @@ def worker(spec_path: str, out_path: str) -> int:
 
     import deinsum
     from deinsum.runtime.gemm import machine_key
-    from deinsum.runtime.kernels import _matmul, _tblis, contract_group, gemm_libraries, gemm_library, group_strategy
+    from deinsum.runtime.blas import gemm_libraries, gemm_library, matmul
+    from deinsum.runtime.kernels import contract_group, group_strategy
+    from deinsum.runtime.libraries import _tblis
 
     comm = MPI.COMM_WORLD
     try:
@@ -113,7 +115,7 @@ def worker(spec_path: str, out_path: str) -> int:
         comm.Barrier()
         return time.perf_counter() - start, value
 
-    def dgemm(repeat, gemm=_matmul):
+    def dgemm(repeat, gemm=matmul):
         a = np.random.default_rng(0).standard_normal((2048, 2048))
         gemm(a, a)
         seconds = [timed(lambda: gemm(a, a))[0] for _ in range(repeat)]
@@ -156,7 +158,7 @@ def worker(spec_path: str, out_path: str) -> int:
             results.append(run_kernel(name, eq, sizes, spec["repeat"], comm, np, opt_einsum, deinsum, ctf,
                                       contract_group, group_strategy, timed))
         gemm_after = dgemm(spec["repeat"])
-        pack = {"numpy": packing(spec["repeat"], np.matmul), "deinsum": packing(spec["repeat"], _matmul)} \
+        pack = {"numpy": packing(spec["repeat"], np.matmul), "deinsum": packing(spec["repeat"], matmul)} \
             if comm.size == 1 else None
     if comm.rank == 0:
         Path(out_path).write_text(json.dumps({
@@ -175,7 +177,7 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
     lhs, out = eq.split("->")
     subs = lhs.split(",")
     shapes = [tuple(sizes[c] for c in s) for s in subs]
-    from deinsum.runtime.kernels import _matmul
+    from deinsum.runtime.blas import matmul
     from deinsum.program import local_kernels
     rng = np.random.default_rng(42)
     ops = [rng.standard_normal(s) for s in shapes]
@@ -230,7 +232,7 @@ def run_kernel(name, eq, sizes, repeat, comm, np, opt_einsum, deinsum, ctf, cont
         calls["opt_einsum"] = lambda: opt_einsum.contract(eq, *ops)
         errors["opt_einsum"] = not close(opt_einsum.contract(eq, *ops), ref)
         gemm = rng.standard_normal((2048, 2048))
-        calls["dgemm"] = lambda: _matmul(gemm, gemm)         # the reference, interleaved with the kernel
+        calls["dgemm"] = lambda: matmul(gemm, gemm)         # the reference, interleaved with the kernel
     for side in calls:
         calls[side]()                                          # warm
     seconds = {side: [] for side in calls}

@@ -6,14 +6,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from deinsum.runtime import kernels as _kernels
+from deinsum.runtime import blas as _blas
 
 #: Tests route GEMMs as fixed here, never by a measurement's outcome: every library this install has
 #: (MKL for square and MTTKRP GEMMs, numpy's BLAS for TTM steps, the streaming kernels on their shapes).
 PINNED_ROUTES = {"why": "pinned by tests/conftest.py", "rates": None,
-                 "routes": {**_kernels.forced_routes("mkl"), "ttm": "numpy",
-                            "streamed": _kernels.forced_routes("stream")["streamed"]}}
-_kernels.use_gemm_routes(PINNED_ROUTES)
+                 "routes": {**_blas.forced_routes("mkl"), "ttm": "numpy",
+                            "streamed": _blas.forced_routes("stream")["streamed"]}}
+_blas.use_gemm_routes(PINNED_ROUTES)
 
 
 @pytest.fixture(scope="session", autouse=True)

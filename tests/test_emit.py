@@ -15,7 +15,7 @@ import pytest
 import deinsum
 from deinsum.footprint import SLACK
 from deinsum import DeinsumError
-from deinsum.emit import RUNTIME, RUNTIME_MARK, generate
+from deinsum.emit import RUNTIME_MARK, generate, runtime_files
 from deinsum.runtime.bundle import package_name, unpack
 from mpirun import run_mpi_script
 from random_cases import random_einsums
@@ -25,7 +25,7 @@ PACKAGE = Path(deinsum.__file__).parent
 
 EMIT_P = [1, 3, 4, 8]
 SCRIPT_CASES = [(eq, shapes_for(eq, sizes)) for eq, sizes in SUITE.values()] + random_einsums(200, seed=11)
-#: The default run: the suite and 14 random einsums (every dtype with every supported pair of modes).
+#: The default run: the suite and 14 random einsums (every dtype with each of six pairs of modes).
 SUBSET = SCRIPT_CASES[:len(SUITE) + 14]
 
 # Runs every emitted script's own code (script_main, run) inside one launch per P.
@@ -33,6 +33,7 @@ DRIVER = """
 import json, sys, types
 import numpy as np
 from mpi4py import MPI
+from deinsum.layout import Layout
 comm = MPI.COMM_WORLD
 failures = 0
 jobs = json.load(open(sys.argv[1]))
@@ -42,8 +43,10 @@ for path, models, received in jobs:
     ns = module.__dict__
     exec(compile(open(path).read(), path, "exec"), ns)
     status = ns["script_main"](ns, ["--validate", "--seed", "3"])
-    holds = comm.rank == 0 or ns["INPUTS"] == "global"
-    operands = ns["validation_operands"](ns["INPUT_SHAPES"], ns["DTYPE"], 3) if holds else [None] * len(ns["INPUT_SHAPES"])
+    whole = ns["validation_operands"](ns["INPUT_SHAPES"], ns["DTYPE"], 3)
+    blocks = [Layout(*layout).block(comm.rank) for layout in ns["ENTRY"]]   # local inputs: this rank's blocks
+    operands = ([None if b is None else x[b] for x, b in zip(whole, blocks)] if ns["INPUTS"] == "local"
+                else whole if comm.rank == 0 or ns["INPUTS"] == "global" else [None] * len(whole))
     with ns["script_runtime"](ns, comm) as rt:
         ns["run"](rt, *operands)
     # the plan's model (library tables) and volume model: the script's own tables must move exactly that
@@ -57,8 +60,10 @@ if comm.rank == 0:
 """
 
 
-#: The acceptance case of the script's size: MTTKRP 64^3 x 8, inputs and result on rank 0.
+#: The acceptance case of the script's size: MTTKRP 64^3 x 8, inputs and result on rank 0; and with local inputs.
 MTTKRP = ("ijk,ja,ka->ia", [(64, 64, 64), (64, 8), (64, 8)], np.float64, "root", "root")
+MTTKRP_LOCAL = [("ijk,ja,ka->ia", [(64, 64, 64), (64, 8), (64, 8)], np.float32, "local", result)
+                for result in ("all", "root")]
 
 
 def check_scripts(nprocs, cases, tmp_path, extra=(), tight=False):
@@ -66,11 +71,14 @@ def check_scripts(nprocs, cases, tmp_path, extra=(), tight=False):
     ``tight``, each plan is made for half the way from its unconstrained peak to its data share (the feasible
     ones: rounds and leaner grids), and at least a few run in rounds."""
     jobs, in_rounds = [], 0
-    modes = [("root", "root"), ("global", "all"), ("root", "all"), ("global", "root")]
+    modes = [("root", "root"), ("global", "all"), ("root", "all"), ("global", "root"), ("local", "distributed"),
+             ("global", "distributed")]
     dtypes = [np.float64, np.float32, np.complex128, np.complex64]
-    # the first 16 cases take every (dtype, modes) pair
-    for n, (eq, shapes, dtype, inputs, result) in enumerate([(eq, shapes, dtypes[n % 4], *modes[n // 4 % 4])
+    # the first 24 cases take every (dtype, modes) pair
+    for n, (eq, shapes, dtype, inputs, result) in enumerate([(eq, shapes, dtypes[n % 4], *modes[n // 4 % 6])
                                                              for n, (eq, shapes) in enumerate(cases)] + list(extra)):
+        if inputs == "local" and deinsum.compile(eq, *shapes).decomposition.prepass:
+            inputs = "global"   # a pre-pass (a sum inside one operand) takes whole inputs
         prog = deinsum.compile(eq, *shapes, dtype=dtype, inputs=inputs, result=result)
         plan = prog.plan(nprocs=nprocs)
         if tight:
@@ -92,7 +100,7 @@ def check_scripts(nprocs, cases, tmp_path, extra=(), tight=False):
 
 @pytest.mark.parametrize("nprocs", EMIT_P)
 def test_emitted_scripts_match_numpy_and_model(nprocs, tmp_path):
-    check_scripts(nprocs, SUBSET, tmp_path, extra=[MTTKRP])
+    check_scripts(nprocs, SUBSET, tmp_path, extra=[MTTKRP, *MTTKRP_LOCAL])
 
 
 @pytest.mark.slow
@@ -216,12 +224,45 @@ def test_unicode_program_runs(tmp_path):
     assert "validate: OK" in res.stdout
 
 
-def test_scripts_take_whole_inputs_and_return_the_whole_result(tmp_path):
+def test_scripts_take_every_mode_of_inputs_and_result(tmp_path):
     prog = deinsum.compile("ij,jk->ik", (2, 3), (3, 4), inputs="local", result="distributed")
-    with pytest.raises(DeinsumError, match="inputs='local', result='distributed': an emitted script reads whole"):
-        prog.to_script(tmp_path / "p.py", nprocs=2)
+    text = prog.to_script(tmp_path / "p.py", nprocs=2).read_text()
+    plan = prog.plan(nprocs=2)
+    assert "INPUTS = 'local'" in text and "RESULT = 'distributed'" in text
+    assert all(f"L{k} = {(lay.shape, lay.grid, lay.axes, lay.partial)!r}" in text
+               for k, lay in zip(re.search(r"^ENTRY = \[L(\d+), L(\d+)\]", text, re.M).groups(), plan.entry))
     text = prog.to_script(tmp_path / "p.py", nprocs=2, inputs="global", result="root").read_text()
     assert "INPUTS = 'global'" in text and "RESULT = 'root'" in text
+    with pytest.raises(DeinsumError, match="inputs='blocks': expected one of global, root, local"):
+        prog.to_script(tmp_path / "p.py", nprocs=2, inputs="blocks")
+
+
+@pytest.mark.parametrize("nprocs", [1, 3, 4, pytest.param(8, marks=pytest.mark.slow)])
+def test_a_script_on_local_blocks_loads_and_saves_blocks(nprocs, tmp_path):
+    """MTTKRP with --inputs local --result distributed: every rank reads its block of each --load file (one in
+    float32, one in Fortran order and big-endian) and writes its block of --save; the saved result is numpy's."""
+    shapes = [(30, 20, 16), (20, 6), (16, 6)]
+    prog = deinsum.compile("ijk,ja,ka->ia", *shapes, inputs="local", result="distributed")
+    script = prog.to_script(tmp_path / "p.py", nprocs=nprocs)
+    rng = np.random.default_rng(nprocs)
+    x, b, c = (rng.standard_normal(s) for s in shapes)
+    b = b.astype(np.float32)
+    files = [tmp_path / name for name in ("x.npy", "b.npy", "c.npy")]
+    for path, array in zip(files, (x, b, np.asfortranarray(c).astype(">f8"))):
+        np.save(path, array)
+    out = tmp_path / "out.npy"
+    out.write_bytes(b"the previous result")
+    res = run_mpi_script(nprocs, script, "--load", *map(str, files), "--save", str(out), "--validate", timeout=120)
+    assert res.returncode == 0 and "validate: OK" in res.stdout and "measured bytes == model" in res.stdout, res.stderr
+    assert "inputs start as each rank's block, result ends as each rank's block" in res.stdout
+    np.testing.assert_allclose(np.load(out), np.einsum("ijk,ja,ka->ia", x, b, c), rtol=1e-12, atol=1e-12)
+    if nprocs == 3:   # a file of another shape: one line, exit 2, the previous result kept
+        np.save(files[1], np.ones((20, 5)))
+        out.write_bytes(b"the previous result")
+        res = run_mpi_script(nprocs, script, "--load", *map(str, files), "--save", str(out), timeout=120)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+        assert "--load operand 1" in res.stderr and "expected shape (20, 6), not (20, 5)" in res.stderr
+        assert out.read_bytes() == b"the previous result"
 
 
 def test_script_write_is_atomic_on_error(tmp_path):
@@ -249,7 +290,8 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
             comm = "rt.world" if e.comm.group is None else e.comm.name
             if comm != "rt.world":
                 lines.append(f"    {comm} = rt.cart_sub(GRID0, remain={e.comm.remain!r})")
-            lines.append(f"    {move.tensor} = rt.{e.kind}({move.tensor}, move={k}{f', step={s}' if s else ''}, comm={comm})")
+            lines.append(f"    {move.tensor} = rt.{e.kind}({move.tensor}, move={k}{f', step={s}' if s else ''}, comm={comm})"
+                         + (f"  # MPI_{e.mpi}" if e.mpi else "  # no MPI call: a local slice"))
         if k == len(plan.moves) - 2:
             subs = tuple(sub for _, sub in group.reads)
             names = ", ".join(name for name, _ in group.reads)
@@ -258,6 +300,7 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
     where = [listing.find("\n" + line + "\n") for line in lines]
     assert -1 not in where and where == sorted(where), [line for line, at in zip(lines, where) if at < 0]
     assert any(e.comm.name == "grid0_sum" for m in plan.moves for e in m.exchanges)   # MTTKRP's partial sums
+    assert "  # MPI_Reduce_scatter" in listing and "  # MPI_Alltoallw" in listing   # what MPI runs, line by line
     # then the runtime, once: the bundle's code verbatim and the package files as its payload
     assert text.count(RUNTIME_MARK) == 1 and (PACKAGE / "runtime" / "bundle.py").read_text() in text
     assert not re.search(r"^\s*class ", listing, flags=re.M)   # the listing defines functions only
@@ -265,15 +308,19 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
                           timeout=60).returncode == 0
 
 
-@pytest.mark.parametrize("inputs, result", [("root", "root"), ("global", "all")])
-def test_script_size_does_not_grow_with_the_ranks(inputs, result):
+@pytest.mark.parametrize("inputs, result, ceiling", [("root", "root", 81_000), ("global", "all", 81_000),
+                                                     ("local", "distributed", 86_000)])
+def test_script_size_does_not_grow_with_the_ranks(inputs, result, ceiling):
     """MTTKRP 64^3 x 8: each rank builds its own tables from the layouts, so P = 8, 512 and 65,536 give
-    scripts of the same size that define every name they use: <= 80 kB (issue 11 set 60 kB; the MKL GEMM
+    scripts of the same size that define every name they use: <= 81 kB (issue 11 set 60 kB; the MKL GEMM
     path, 2.4 kB, took the scripts to 62.4 kB; 62.7 kB with agree's Allreduce; 65.9 kB with the streaming
     kernels' loader and dispatch, 3.2 kB; 68.3 kB with their fused MTTKRP pass and its checks; 71.6 kB with
     the streamed TTM chain and the MTTKRP model's fused passes; 76.2 kB with regular-file saves and groups in
     rounds; 78.8 kB with the launcher check: 80 kB is the ceiling issue 28 sets, for a carrier that will carry
-    the runtime verbatim)."""
+    the runtime verbatim; CPU scripts carry no GPU code: 77.2 kB; 79.4 kB with MPI's own collectives; 80.5 kB
+    with every mode of inputs and result in the driver and the .npy checks it shares with the block reader,
+    issue 27: 81 kB). A script with local inputs or a distributed result also carries the block I/O,
+    runtime/npyio.py (4.6 kB of script): 85.1 kB, under 86 kB."""
     prog = deinsum.compile("ijk,ja,ka->ia", (64, 64, 64), (64, 8), (64, 8), inputs=inputs, result=result)
     sizes = {}
     for nprocs in (8, 512, 65536):
@@ -281,7 +328,7 @@ def test_script_size_does_not_grow_with_the_ranks(inputs, result):
         compile(text, "script", "exec")
         sizes[nprocs] = len(text.encode())
         assert RUNTIME_MARK in text
-    assert max(sizes.values()) <= 80_000, sizes
+    assert max(sizes.values()) <= ceiling, sizes
     assert max(sizes.values()) - min(sizes.values()) < 2_000, sizes   # other grids and moves, no per-rank data
 
 
@@ -296,16 +343,18 @@ def test_the_runtime_is_carried_byte_for_byte_and_tracebacks_name_its_files():
     under deinsum/ and the line of that file."""
     text = generate(deinsum.compile("ij,jk->ik", (4, 3), (3, 2)).plan(nprocs=2))
     payload = payload_of(text)
-    assert unpack(payload) == {path: (PACKAGE / path).read_text() for path in RUNTIME}
+    assert unpack(payload) == {path: (PACKAGE / path).read_text() for path in runtime_files("cpu")}
+    gpu = payload_of(generate(deinsum.compile("ij,jk->ik", (4, 3), (3, 2)).plan(nprocs=2), device="gpu"))
+    assert unpack(gpu) == {path: (PACKAGE / path).read_text() for path in runtime_files("gpu")}
     module = types.ModuleType("emitted_tb")
     exec(compile(text, "script", "exec"), module.__dict__)
-    redistribute = importlib.import_module(package_name(payload) + ".redistribute")
+    tables = importlib.import_module(package_name(payload) + ".tables")
     layout = importlib.import_module(package_name(payload) + ".layout")
     with pytest.raises(ValueError) as info:
-        redistribute.plan_redistribution(layout.Layout.even((4,), 2), layout.Layout.even((5,), 2), 2)
+        tables.rank_tables(layout.Layout.even((4,), 2), layout.Layout.even((5,), 2), 2, 0)
     frame = traceback.extract_tb(info.tb)[-1]
-    assert frame.filename.endswith("/deinsum/redistribute.py")
-    assert frame.line == (PACKAGE / "redistribute.py").read_text().splitlines()[frame.lineno - 1].strip()
+    assert frame.filename.endswith("/deinsum/tables.py")
+    assert frame.line == (PACKAGE / "tables.py").read_text().splitlines()[frame.lineno - 1].strip()
 
 
 def test_emitted_script_defines_every_name_it_uses(tmp_path):

@@ -12,8 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from deinsum.runtime import blas as B
 from deinsum.runtime import gemm as G
 from deinsum.runtime import kernels as K
+from deinsum.runtime import libraries as L
+from deinsum.runtime import mttkrp as M
+from deinsum.runtime import ttm as T
 from deinsum.runtime.kernels import contract_group, group_strategy
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128, np.int64]
@@ -68,17 +72,17 @@ def gemms(request, monkeypatch):
     calls: (kind, fused)."""
     calls = []
     if request.param.startswith("streamed"):
-        if K._STREAM is None:
+        if B._STREAM is None:
             pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
-        monkeypatch.setattr(K, "_STREAM", tuple(
+        monkeypatch.setattr(B, "_STREAM", tuple(
             (lambda f, kind: lambda *args: calls.append((kind, args[-1] is not None)) or f(*args))(f, kind)
-            for f, kind in zip(K._STREAM, ("rows", "cols", "chain"))) + K._STREAM[3:])
-        monkeypatch.setattr(K, "_STREAM_WORK", 0)
-        K.set_stream_threads(3 if request.param.endswith("threads") else 1)
+            for f, kind in zip(B._STREAM, ("rows", "cols", "chain"))) + B._STREAM[3:])
+        monkeypatch.setattr(B, "_STREAM_WORK", 0)
+        B.set_stream_threads(3 if request.param.endswith("threads") else 1)
     K._strategy.cache_clear()       # strategy names say which GEMMs stream
     yield calls
     K._strategy.cache_clear()
-    K.set_stream_threads(1)
+    B.set_stream_threads(1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -95,21 +99,21 @@ def test_mttkrp_every_variant_equals_numpy(name, dtype, gemms):
         assert name == "hadamard"
         return
     axes = [q for q, c in enumerate(subs[x]) if c not in out]
-    variants = K._mttkrp_variants(len(subs[x]), axes)
+    variants = M._variants(len(subs[x]), axes)
     assert len(variants) >= 2
     dims, rest, nr = ops[x].shape, [q for q, c in enumerate(subs[x]) if c not in out], sizes["a"]
     for (s, e, orient), mkl in itertools.product(variants, (False, True)):   # (MKL where installed)
         for block in (3, 2, 1):                       # all rank columns at once, uneven and single blocks
             before = len(gemms)
-            check(eq, ops, K._run_mttkrp(subs, out, ops, np.dtype(dtype), (x, r, (s, e, orient, block, mkl))))
-            fused = K._fusion(dims, s, e, orient, [q for q in rest if not s <= q < e], block)
-            streams = dtype == np.float64 and (bool(fused) or K._variant_streams(dims, s, e, orient, block))
+            check(eq, ops, M.run(subs, out, ops, np.dtype(dtype), (x, r, (s, e, orient, block, mkl))))
+            fused = M._fusion(dims, s, e, orient, [q for q in rest if not s <= q < e], block)
+            streams = dtype == np.float64 and (bool(fused) or M._variant_streams(dims, s, e, orient, block))
             if nr % block == 0:   # (a last, narrower block may take another kernel than the name's)
                 assert bool(gemms[before:]) == streams, (s, e, orient, block, gemms[before:])   # what names say runs
     fused = {kind for kind, weighted in gemms if weighted}   # GEMM and Hadamard-sum in one pass
     expected = {"O3-M1": {"rows"}, "O3-M2": {"cols"}, "O5-M1": {"rows"}, "O5-M2": {"rows"}, "O5-M3": {"rows"},
                 "O5-M4": {"cols"}, "wide": {"cols"}}.get(name, set())
-    assert fused == (expected if dtype == np.float64 and K._STREAM_WORK == 0 else set()), (name, gemms)
+    assert fused == (expected if dtype == np.float64 and B._STREAM_WORK == 0 else set()), (name, gemms)
 
 
 @pytest.mark.parametrize("name", ["O3-M1", "O3-M2", "O5-M4"])
@@ -162,7 +166,7 @@ def test_ttmc_every_order_equals_numpy(dtype):
     assert len(plans) > 24
     for params in plans:
         for rows in (0, 1, 2):
-            check(eq, ops, K._run_ttm(subs, out, ops, np.dtype(dtype), params + (rows,)))
+            check(eq, ops, T.run(subs, out, ops, np.dtype(dtype), params + (rows,)))
 
 
 @pytest.mark.parametrize("eq", ["ijk,ia,kb->bja", "ijk,ai,bj,ck->cab", "ijkl,jb,lc->bick", "ijklm,jb->iklmb",
@@ -203,7 +207,7 @@ def test_matmul_equals_numpy_for_any_operand_layout(dtype):
     cases += [(x[:, ::2, 1:], mats(7, 3)), (x[:, ::-1], mats(7, 3)), (x.transpose(1, 0, 2, 3), mats(7, 3)),
               (mats(3, 6), x[..., ::3])]
     for a, b in cases:
-        res, ref = K._matmul(a, b), a @ b
+        res, ref = B.matmul(a, b), a @ b
         assert res.shape == ref.shape and res.dtype == ref.dtype
         np.testing.assert_allclose(res, ref, rtol=1e-4, atol=1e-4)
 
@@ -211,11 +215,11 @@ def test_matmul_equals_numpy_for_any_operand_layout(dtype):
 def test_mkl_runs_the_gemms_it_can_read_in_place(monkeypatch):
     """Plain, transposed, interleaved and broadcast batches reach MKL; reversed strides and other dtypes go to
     numpy; a complex MTTKRP is never modeled on MKL."""
-    if not K._GEMM:
+    if not L._GEMM:
         pytest.skip("MKL not installed here (the mkl wheel of the `fast` extra), or DEINSUM_GEMM=numpy")
     calls = []
-    counted = {dtype: (lambda gemm: lambda *args: calls.append(gemm(*args)))(gemm) for dtype, gemm in K._GEMM.items()}
-    monkeypatch.setattr(K, "_GEMM", counted)
+    counted = {dtype: (lambda gemm: lambda *args: calls.append(gemm(*args)))(gemm) for dtype, gemm in L._GEMM.items()}
+    monkeypatch.setattr(L, "_GEMM", counted)
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((4, 6, 5)), rng.standard_normal((5, 3))
     interleaved = np.lib.stride_tricks.sliding_window_view(rng.standard_normal((9, 5)), (6, 5))[:, 0]
@@ -224,7 +228,7 @@ def test_mkl_runs_the_gemms_it_can_read_in_place(monkeypatch):
              (x[:, ::-1], w, True, 0), (x.astype(complex), w, True, 0), (x, w, False, 0)]
     for a, b, mkl, expected in cases:
         before = len(calls)
-        np.testing.assert_allclose(K._matmul(a, b, "mkl" if mkl else "numpy"), a @ b, rtol=1e-5)
+        np.testing.assert_allclose(B.matmul(a, b, "mkl" if mkl else "numpy"), a @ b, rtol=1e-5)
         assert len(calls) - before == expected, (a.shape, a.strides, a.dtype, mkl)
     eq, sizes = MTTKRP["O5-M0"]
     subs, out = split(eq)
@@ -236,24 +240,24 @@ def test_mkl_runs_the_gemms_it_can_read_in_place(monkeypatch):
 @pytest.fixture(params=[1, 3], ids=["1 thread", "3 threads"])
 def stream_threads(request):
     """The streaming kernels on one thread, or on three (OpenMP: more than this machine's cores)."""
-    if K._STREAM is None:
+    if B._STREAM is None:
         pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
-    K.set_stream_threads(request.param)
+    B.set_stream_threads(request.param)
     yield request.param
-    K.set_stream_threads(1)
+    B.set_stream_threads(1)
 
 
 def test_streaming_kernels_equal_numpy_and_take_only_what_they_can_read(monkeypatch, stream_threads):
     """deinsum's streaming GEMMs (float64, AVX-512): rows (X @ W, W at most 32 columns) and cols (A @ X, X
     blocks at most 32 x 32) equal ``@`` for every tail of their register tiles, strided rows and
     batches; other layouts, wider sides and other dtypes go to BLAS."""
-    if K._STREAM is None:
+    if B._STREAM is None:
         pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
     calls = []
-    monkeypatch.setattr(K, "_STREAM", tuple((lambda f, kind: lambda *args: calls.append(kind) or f(*args))(f, kind)
-                                            for f, kind in zip(K._STREAM, ("rows", "cols", "chain")))
-                        + K._STREAM[3:])
-    monkeypatch.setattr(K, "_STREAM_WORK", 0)
+    monkeypatch.setattr(B, "_STREAM", tuple((lambda f, kind: lambda *args: calls.append(kind) or f(*args))(f, kind)
+                                            for f, kind in zip(B._STREAM, ("rows", "cols", "chain")))
+                        + B._STREAM[3:])
+    monkeypatch.setattr(B, "_STREAM_WORK", 0)
     rng = np.random.default_rng(0)
     mats = lambda *shape: rng.standard_normal(shape)
     cases = [(mats(*b, m, k), mats(k, n), "rows") for b, m, k, n in itertools.product(
@@ -270,7 +274,7 @@ def test_streaming_kernels_equal_numpy_and_take_only_what_they_can_read(monkeypa
         if kind and a.ndim == b.ndim == 2:     # two matrices: the larger one streams
             kind = "rows" if a.shape[0] >= b.shape[1] else "cols"
         before = len(calls)
-        res = K._matmul(a, b)
+        res = B.matmul(a, b)
         assert res.shape == (a @ b).shape and res.dtype == (a @ b).dtype
         np.testing.assert_allclose(res, a @ b, rtol=1e-5, atol=1e-9)
         assert calls[before:] == ([kind] if kind else []), (a.shape, a.strides, b.shape, b.strides, kind)
@@ -281,13 +285,13 @@ def test_streamed_ttm_chains_equal_numpy(monkeypatch, stream_threads):
     any output order, X's first axis kept or contracted) on ``ttm_chain``: every register-tile tail of
     its mode products (columns and rows) and every order; a new side over 32 and a strided X (run step by
     step instead) too."""
-    if K._STREAM is None:
+    if B._STREAM is None:
         pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
     calls = []
-    chain = K._STREAM[2]
-    monkeypatch.setattr(K, "_STREAM", K._STREAM[:2] + ((lambda *args: calls.append(args[1]) or chain(*args)),)
-                        + K._STREAM[3:])
-    monkeypatch.setattr(K, "_STREAM_WORK", 0)
+    chain = B._STREAM[2]
+    monkeypatch.setattr(B, "_STREAM", B._STREAM[:2] + ((lambda *args: calls.append(args[1]) or chain(*args)),)
+                        + B._STREAM[3:])
+    monkeypatch.setattr(B, "_STREAM_WORK", 0)
     K._strategy.cache_clear()
     rng, count = np.random.default_rng(1), 0
     try:
@@ -327,30 +331,30 @@ def test_streamed_ttm_chains_equal_numpy(monkeypatch, stream_threads):
 def test_streaming_kernels_refuse_what_they_cannot_compute(monkeypatch):
     """No empty GEMM reaches them, they refuse a result wider than 32 columns (rows) or empty (status 2,
     nothing written), and a build of another interface (one an editable install left behind) is not used."""
-    if K._STREAM is None:
+    if B._STREAM is None:
         pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
-    monkeypatch.setattr(K, "_STREAM_WORK", 0)
-    assert [K._stream_kind(*shape, False, False) for shape in [(1, 5, 3, 0), (1, 0, 3, 4), (0, 5, 3, 4)]] == [None] * 3
+    monkeypatch.setattr(B, "_STREAM_WORK", 0)
+    assert [B.stream_kind(*shape, False, False) for shape in [(1, 5, 3, 0), (1, 0, 3, 4), (0, 5, 3, 4)]] == [None] * 3
     t, x, w = np.full(8, 7.0), np.ones((4, 3)), np.ones((3, 40))
-    assert K._STREAM[0](1, 4, 0, 3, x.ctypes.data, 3, 0, w.ctypes.data, 40, t.ctypes.data, 0, 0, None) == 2
-    assert K._STREAM[0](1, 1, 33, 3, x.ctypes.data, 3, 0, w.ctypes.data, 40, t.ctypes.data, 33, 0, None) == 2
-    assert K._STREAM[1](1, 0, 4, 3, w.ctypes.data, x.ctypes.data, 3, 0, t.ctypes.data, 4, 0, None) == 2
+    assert B._STREAM[0](1, 4, 0, 3, x.ctypes.data, 3, 0, w.ctypes.data, 40, t.ctypes.data, 0, 0, None) == 2
+    assert B._STREAM[0](1, 1, 33, 3, x.ctypes.data, 3, 0, w.ctypes.data, 40, t.ctypes.data, 33, 0, None) == 2
+    assert B._STREAM[1](1, 0, 4, 3, w.ctypes.data, x.ctypes.data, 3, 0, t.ctypes.data, 4, 0, None) == 2
     dims, mats = np.array([1, 3, 4, 2, 1, 6, 1, 2], dtype=np.int64), np.array([w.ctypes.data] * 2, dtype=np.uintp)
-    assert K._STREAM[2](1, 2, dims.ctypes.data, mats.ctypes.data, x.ctypes.data, 12, t.ctypes.data, 4) == 2   # 8 != 6
+    assert B._STREAM[2](1, 2, dims.ctypes.data, mats.ctypes.data, x.ctypes.data, 12, t.ctypes.data, 4) == 2   # 8 != 6
     dims[5] = 0
-    assert K._STREAM[2](1, 2, dims.ctypes.data, mats.ctypes.data, x.ctypes.data, 12, t.ctypes.data, 4) == 2   # empty
+    assert B._STREAM[2](1, 2, dims.ctypes.data, mats.ctypes.data, x.ctypes.data, 12, t.ctypes.data, 4) == 2   # empty
     assert (t == 7.0).all()
     with pytest.raises(ValueError, match="refused a product whose result is 1 x 33"):
-        K._checked(2, 1, 33)
-    monkeypatch.setattr(K, "_STREAM_ABI", K._STREAM_ABI + 1)
-    assert K._stream_kernels() is None
+        B.run_stream("rows", 1, 33, 1, 1, 33, 3, x.ctypes.data, 3, 0, w.ctypes.data, 40, t.ctypes.data, 33, 0, None)
+    monkeypatch.setattr(L, "_STREAM_ABI", L._STREAM_ABI + 1)
+    assert L._stream_kernels() is None
 
 
 def test_the_streaming_kernels_run_on_the_pinned_blas_threads():
     """The runtime's BLAS pin sets the streaming kernels' threads to the same count (a process of its own:
     the pin is process-wide); OpenMP then splits batches, rows, column tiles or slabs (tested above)."""
-    code = ("from deinsum.runtime.runner import pin_blas_threads; from deinsum.runtime import kernels as K; "
-            "print(pin_blas_threads(1), K._STREAM_THREADS)")
+    code = ("from deinsum.runtime.runner import pin_blas_threads; from deinsum.runtime import blas as B; "
+            "print(pin_blas_threads(1), B._STREAM_THREADS)")
     res = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, OPENBLAS_NUM_THREADS="2"),
                          capture_output=True, text=True, timeout=120)
     pinned, threads = res.stdout.split()
@@ -362,7 +366,7 @@ def test_mkl_runs_float_gemms_when_installed():
     if not glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")) or os.environ.get("DEINSUM_GEMM") == "numpy":
         pytest.skip("MKL not installed here (the mkl wheel of the `fast` extra), or DEINSUM_GEMM=numpy")
     from threadpoolctl import threadpool_info, threadpool_limits
-    assert set(K._GEMM) == {np.dtype(np.float32), np.dtype(np.float64)}
+    assert set(L._GEMM) == {np.dtype(np.float32), np.dtype(np.float64)}
     with threadpool_limits(1, user_api="blas"):
         assert {p["internal_api"]: p["num_threads"] for p in threadpool_info()}.get("mkl") == 1
 
@@ -370,13 +374,13 @@ def test_mkl_runs_float_gemms_when_installed():
 def test_the_l2_rule_counts_bytes_not_words():
     """MKL's batched KR^T X over middle modes runs fast while a slab of X fits in L2, in bytes: a float32
     slab of 96 x 32 x 16 elements fits where its float64 twin does not (picked: 1.2 ms instead of 3.1)."""
-    if np.dtype(np.float32) not in K._GEMM:
+    if np.dtype(np.float32) not in L._GEMM:
         pytest.skip("MKL not installed here (the mkl wheel of the `fast` extra), or DEINSUM_GEMM=numpy")
     subs, shapes = ("ijkl", "ia", "ja", "ka"), [(12, 96, 96, 32), (12, 16), (96, 16), (96, 16)]
     assert group_strategy(subs, "la", shapes, np.float32).startswith("MTTKRP to (l): GEMM over (j,k) KR^T X (MKL)")
     assert K._strategy(subs, "la", tuple(shapes), True, 8)[1].startswith("MTTKRP to (l): GEMM over (i,j) KR^T X,")
     # float64 on the streaming kernels: their fused pass (3.5 ms here; GEMM over (i,j) on BLAS: 9.8)
-    if K._STREAM:
+    if B._STREAM:
         assert group_strategy(subs, "la", shapes, np.float64) == (
             "MTTKRP to (l): GEMM over (k) KR^T X and Hadamard-sum over (i,j) in one streamed pass")
 
@@ -384,10 +388,10 @@ def test_the_l2_rule_counts_bytes_not_words():
 def test_deinsum_gemm_forces_the_routes():
     """DEINSUM_GEMM=numpy keeps MKL out (not even loaded) and the model's picks follow; mkl and stream force
     their routes (where installed), nothing measured; any other value fails at import with one line."""
-    code = ("from deinsum.runtime import kernels as K; r = K.gemm_routes(); "
+    code = ("from deinsum.runtime import blas as B, kernels as K, libraries as L; r = B.gemm_routes(); "
             "name = K.group_strategy(('ijk', 'ja', 'ka'), 'ia', [(64,) * 3, (64, 8), (64, 8)]); "
-            "print(K._GEMM == {}, '(MKL)' in name, r['why'], r['rates'], "
-            "r['routes'] == K.forced_routes(K.gemm_choice()))")
+            "print(L._GEMM == {}, '(MKL)' in name, r['why'], r['rates'], "
+            "r['routes'] == B.forced_routes(L.gemm_choice()))")
     run = lambda value: subprocess.run([sys.executable, "-c", code], env=dict(os.environ, DEINSUM_GEMM=value),
                                        capture_output=True, text=True, timeout=120)
     assert run("numpy").stdout.split() == ["True", "False", "DEINSUM_GEMM=numpy", "None", "True"]
@@ -402,26 +406,26 @@ def test_deinsum_gemm_forces_the_routes():
 @pytest.fixture
 def routes():
     """Restores the routes tests/conftest.py pins after a test that sets its own."""
-    saved = K.gemm_routes()
-    yield K.use_gemm_routes
-    K.use_gemm_routes(saved)
+    saved = B.gemm_routes()
+    yield B.use_gemm_routes
+    B.use_gemm_routes(saved)
 
 
 @pytest.mark.parametrize("library", ["numpy", "mkl", "stream"])
 def test_each_forced_route_runs_its_library_and_equals_numpy(library, routes, monkeypatch):
     """Every class on ``library`` (as DEINSUM_GEMM forces it): a matrix product, MTTKRP and a TTM chain equal
     numpy's einsum, and the library's own GEMMs ran (MKL or the streaming kernels: counted), the other's not."""
-    if library == "mkl" and not K._GEMM or library == "stream" and K._STREAM_BUILT is None:
+    if library == "mkl" and not L._GEMM or library == "stream" and L._STREAM_BUILT is None:
         pytest.skip(f"{library} not installed or built here, or DEINSUM_GEMM=numpy")
     calls = []
-    if K._GEMM:
-        monkeypatch.setattr(K, "_GEMM", {d: (lambda g: lambda *a: calls.append("mkl") or g(*a))(g)
-                                         for d, g in K._GEMM.items()})
-    if K._STREAM_BUILT is not None:
-        monkeypatch.setattr(K, "_STREAM_BUILT", tuple((lambda f: lambda *a: calls.append("stream") or f(*a))(f)
-                                                      for f in K._STREAM_BUILT[:3]) + K._STREAM_BUILT[3:])
-    monkeypatch.setattr(K, "_STREAM_WORK", 0)      # (the streaming kernels take these small shapes too)
-    routes({"why": f"DEINSUM_GEMM={library}", "routes": K.forced_routes(library), "rates": None})
+    if L._GEMM:
+        monkeypatch.setattr(L, "_GEMM", {d: (lambda g: lambda *a: calls.append("mkl") or g(*a))(g)
+                                         for d, g in L._GEMM.items()})
+    if L._STREAM_BUILT is not None:
+        monkeypatch.setattr(L, "_STREAM_BUILT", tuple((lambda f: lambda *a: calls.append("stream") or f(*a))(f)
+                                                      for f in L._STREAM_BUILT[:3]) + L._STREAM_BUILT[3:])
+    monkeypatch.setattr(B, "_STREAM_WORK", 0)      # (the streaming kernels take these small shapes too)
+    routes({"why": f"DEINSUM_GEMM={library}", "routes": B.forced_routes(library), "rates": None})
     for eq, sizes in [("ij,jk->ik", dict(i=70, j=50, k=60)), MTTKRP["O3-M1"], MTTKRP["O5-M4"], TTMC]:
         subs, out = split(eq)
         ops = operands(eq, sizes, np.float64)
@@ -441,7 +445,7 @@ def test_a_cached_calibration_counts_only_on_its_own_machine(routes, monkeypatch
 
     def resolved():
         routes(None)
-        return K.gemm_routes()
+        return B.gemm_routes()
 
     assert resolved()["routes"] == {"square": "numpy", "narrow": "mkl", "ttm": "numpy", "streamed": "mkl"}
     assert resolved()["rates"] == rates and len(measured) == 1                     # from the cache
@@ -462,7 +466,7 @@ def test_a_cached_calibration_counts_only_on_its_own_machine(routes, monkeypatch
     assert resolved()["rates"] == rates
     monkeypatch.setattr(G, "measured", lambda *libraries: 1 / 0)   # a failed measurement: routed as without `fast`
     assert resolved() == {"why": "not measured (ZeroDivisionError: division by zero): as without `fast`",
-                          "routes": K.forced_routes("stream"), "rates": None}
+                          "routes": B.forced_routes("stream"), "rates": None}
 
 
 # ---- shapes and memory orders ------------------------------------------------------------------------
@@ -596,7 +600,7 @@ def test_large_ttm_chain_runs_in_slabs():
     shapes = [[sizes[c] for c in t] for t in subs]
     assert group_strategy(subs, out, shapes, np.float32).split("; ")[1:] == [
         "in slabs of 3 i", "narrow GEMMs in pieces of <= 1e6 multiply-adds (float)"]
-    assert group_strategy(subs, out, shapes) == ("TTM chain: j, k, l, m in one streamed pass, i by i" if K._STREAM
+    assert group_strategy(subs, out, shapes) == ("TTM chain: j, k, l, m in one streamed pass, i by i" if B._STREAM
                                                  else group_strategy(subs, out, shapes, np.float32))
     # the order does not follow the operands' (m, l, k, j first: 25% slower here)
     assert group_strategy(subs[:1] + subs[:0:-1], out, shapes[:1] + shapes[:0:-1]) == group_strategy(subs, out, shapes)
@@ -612,7 +616,7 @@ def test_large_rank_is_blocked():
 def test_transposed_copies(dtype):
     (a,) = operands("abcd->abcd", dict(a=9, b=10, c=11, d=70), dtype)
     for perm in [(3, 1, 2, 0), (0, 1, 3, 2), (1, 0, 2, 3), (0, 1, 2, 3)]:
-        t = K.transposed(a, perm)
+        t = L.transposed(a, perm)
         assert t.flags.c_contiguous
         np.testing.assert_array_equal(t, a.transpose(perm))
 
@@ -628,14 +632,14 @@ def test_every_rank_routes_as_rank_0_does(tmp_path):
         os.environ.update(XDG_CACHE_HOME=os.path.join({str(tmp_path)!r}, str(comm.rank)), DEINSUM_GEMM="auto")
         import numpy as np
         import deinsum
-        from deinsum.runtime import kernels as K
+        from deinsum.runtime import blas as B
         from deinsum.runtime.gemm import machine_key, store_rates
         fast = [{{"numpy": [50, 50], "mkl": [10, 10]}}, {{"numpy": [10, 10], "mkl": [50, 50]}}][comm.rank]
-        store_rates(machine_key(K.gemm_libraries()), {{"square": fast, "narrow": fast, "ttm": fast}})
-        mine = K.gemm_routes()["routes"]
+        store_rates(machine_key(B.gemm_libraries()), {{"square": fast, "narrow": fast, "ttm": fast}})
+        mine = B.gemm_routes()["routes"]
         a, b = np.ones((40, 30)), np.ones((30, 20))
         assert np.allclose(deinsum.compile("ij,jk->ik", a.shape, b.shape)(a, b), a @ b)
-        rows = comm.gather([comm.rank, mine["square"], K.gemm_routes()["routes"]["square"]])
+        rows = comm.gather([comm.rank, mine["square"], B.gemm_routes()["routes"]["square"]])
         if comm.rank == 0:
             print(json.dumps(rows))
         """, tmp_path=tmp_path)

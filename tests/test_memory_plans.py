@@ -9,7 +9,8 @@ from deinsum.decompose import decompose
 from deinsum.footprint import SLACK, footprint
 from deinsum.layout import Layout
 from deinsum.plan import build_plan
-from deinsum.redistribute import plan_redistribution, rank_tables, table_words
+from deinsum.redistribute import plan_redistribution
+from deinsum.tables import rank_tables, table_words
 from suite import SUITE, shapes_for
 
 
@@ -115,3 +116,26 @@ def test_rounds_are_reported_in_text_and_json():
     assert data["groups"][0]["rounds"] == {"index": index, "count": count}
     assert data["peak_bytes_per_rank_max"] == int(footprint(plan).max()) <= data["memory_bytes_per_rank"]
     assert plan.memory > SLACK
+
+
+def _suite_plan(kernel, nprocs, share_factor):
+    """A suite kernel at the paper's size from the fair start, with ``share_factor`` x its data share per rank."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from suite_sizes import construction_words, equation_of, shapes_of, weak_scaling_sizes
+    eq = equation_of(kernel)
+    d = decompose(eq, *shapes_of(eq, weak_scaling_sizes(kernel, nprocs)))
+    share = build_plan(d, nprocs, memory=2**62, inputs="local", result="distributed").data_share * 8
+    plan = build_plan(d, nprocs, memory=int(share_factor * share), inputs="local", result="distributed")
+    return plan, construction_words(kernel, nprocs)
+
+
+@pytest.mark.parametrize("nprocs", [64, pytest.param(4096, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kernel", ["MTTKRP-O3-M0", "MTTKRP-O5-M0", "TTMc-O5-M0"])
+def test_suite_plans_fit_tight_memory_near_the_constructions(kernel, nprocs):
+    """1.3x the data share: the peak (on every rank, not only the ones the search samples) fits, and the busiest
+    rank receives at most 1.10x the best known construction with memory to spare."""
+    plan, construction = _suite_plan(kernel, nprocs, 1.3)
+    assert plan.feasible, (plan.peak_bytes, plan.memory)
+    assert int(plan.received_bytes().max()) // 8 <= 1.10 * construction

@@ -40,7 +40,7 @@ def test_reports_in_three_formats():
 
 def test_report_names_each_groups_local_kernel_and_gemm_library():
     """The kernel the cost model picks for rank 0's blocks, and the GEMM library, in text and JSON."""
-    from deinsum.runtime.kernels import gemm_library
+    from deinsum.runtime.blas import gemm_library
     from deinsum.program import local_kernels
     prog = deinsum.compile("ijk,ja,ka->ia", (41, 30, 20), (30, 8), (20, 8))
     plan = prog.plan(nprocs=4)

@@ -215,3 +215,32 @@ def test_pinned_inputs_start_whole_then_move_into_their_layout(nprocs, tmp_path)
     so a rank passed the whole array for its block: a ValueError deep in an exchange, or a hang)."""
     out = check_mpi(nprocs, PINNED_WHOLE, tmp_path=tmp_path, timeout=300)
     assert out.split() == ["OK", str(2 * 2 * 6 * 2 * nprocs)]
+
+
+NATIVE = """
+import numpy as np
+from mpi4py import MPI
+import deinsum
+comm = MPI.COMM_WORLD
+rng = np.random.default_rng(0)
+seen = set()
+for eq, shapes in [("ab,bc,cd,de,ef,fa->", [(6, 6)] * 6), ("ijk,ja,ka->ia", [(8, 8, 8), (8, 4), (8, 4)])]:
+    arrays = [rng.standard_normal(s) for s in shapes]
+    for inputs, result in (("global", "all"), ("root", "root")):
+        prog = deinsum.compile(eq, *shapes)
+        got = prog(*(arrays if inputs == "global" or comm.rank == 0 else [None] * len(arrays)), inputs=inputs,
+                   result=result)
+        if result == "all" or comm.rank == 0:
+            assert np.allclose(got, np.einsum(eq, *arrays)), (eq, result)
+        assert prog.last_run.matches_model, prog.last_run
+        seen |= {e.mpi for m in prog.plan(nprocs=comm.size, inputs=inputs, result=result).moves for e in m.exchanges}
+if comm.rank == 0:
+    print(sorted(s for s in seen if s))
+"""
+
+
+def test_native_collectives_equal_numpy_and_log_the_model(tmp_path):
+    """MPI's own Allreduce, Reduce (a scalar's partial sums), Allgatherv and Reduce_scatter run in programs at
+    P = 4, their results equal numpy's and the bytes logged equal the model on every rank."""
+    seen = check_mpi(4, NATIVE, tmp_path=tmp_path, timeout=300).strip().splitlines()[-1]
+    assert seen == str(["Allgatherv", "Allreduce", "Alltoallw", "Reduce", "Reduce_scatter"])

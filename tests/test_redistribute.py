@@ -9,13 +9,44 @@ from hypothesis import given, settings, strategies as st
 import deinsum.redistribute
 from deinsum.errors import DeinsumError
 from deinsum.layout import Layout
-from deinsum.redistribute import plan_redistribution, received_words, table_words
+from deinsum.redistribute import plan_redistribution, received_words
+from deinsum.tables import native, table_words
+
+
+def box(starts, subsizes):
+    return tuple(slice(a, a + n) for a, n in zip(starts, subsizes))
+
+
+def collective(tables, blocks):
+    """Every rank's output of a native collective's phase, as MPI computes it (sums in any order)."""
+    new = []
+    for rank, (in_held, in_shape, out_held, out_shape, kind, pieces, _) in enumerate(tables):
+        assert kind == tables[0][4] and (not in_held or blocks[rank].shape == in_shape)
+        out = np.zeros(out_shape, dtype=np.int64)
+        if kind in ("allreduce", "reduce"):     # every rank's contribution, added (kept on rank 0 for a reduce)
+            for r, (_, _, _, _, _, theirs, _) in enumerate(tables):
+                for peer, starts, subsizes in theirs:
+                    assert peer == r
+                    out += blocks[r][box(starts, subsizes)]
+        elif kind == "allgather":
+            for peer, starts, subsizes in pieces:
+                assert blocks[peer].shape == subsizes
+                out[box(starts, subsizes)] = blocks[peer]
+        elif pieces:                # reduce_scatter: this rank's piece of every member's block
+            (starts, subsizes), = [(s, z) for peer, s, z in pieces if peer == rank]
+            assert subsizes == out_shape
+            out = sum(blocks[peer][box(starts, subsizes)] for peer, _, _ in pieces)
+        new.append(out if out_held else None)
+    return new
 
 
 def simulate(plan, blocks):
     """Execute every rank's tables in-process, mirroring ``exchange``; ``blocks[r]`` is rank r's source block."""
     for phase in range(len(plan.table(0))):
         tables = [plan.table(r)[phase] for r in range(plan.nprocs)]
+        if native(tables[0]):
+            blocks = collective(tables, blocks)
+            continue
         new = []
         for rank, (in_held, in_shape, out_held, out_shape, sends, recvs, ops) in enumerate(tables):
             assert not in_held or blocks[rank].shape == in_shape
@@ -126,13 +157,28 @@ def test_allreduce_is_reduce_scatter_then_allgather(fan_in):
     plan = plan_redistribution(partial, Layout((n,), (3, fan_in), (0,)), 3 * fan_in)
     block = n // 3
     assert set(plan.words_received) == {2 * block * (fan_in - 1) // fan_in}
-    assert plan.method == ("direct" if fan_in == 2 else "reduce-scatter, then direct")
+    assert plan.method == ("direct" if fan_in == 2 else "reduce-scatter (MPI_Reduce_scatter), then direct")
+
+
+def test_a_scalar_results_reduction_costs_log_p_words():
+    """The 6-operand ring's last move at P = 65,536 (3840 partial sums of a scalar on grid (64, 60)) runs
+    MPI_Allreduce to every rank, MPI_Reduce to rank 0: 16 words (128 B) per rank at most in the model and in
+    every rank's table (recursive doubling; a binomial tree), where all-to-all it was 3840."""
+    src = Layout((), (64, 60), (), (0, 1))
+    for dst, kind in ((Layout.replicated((), 65536), "allreduce"), (Layout.on_root((), 65536), "reduce")):
+        plan = plan_redistribution(src, dst, 65536)
+        assert plan.collectives == (kind,) and plan.max_words_received * 8 == 128
+        assert sum(plan.words_sent) == sum(plan.words_received)
+        for rank in (0, 1, 3839, 3840, 65535):
+            assert table_words(plan.table(rank)) == (plan.words_sent[rank], plan.words_received[rank])
+    few = plan_redistribution(Layout((), (2,), (), (0,)), Layout.replicated((), 64), 64)   # 6 steps for 2 summands
+    assert few.collectives == (None,) and few.max_words_received == 2
 
 
 def test_reduce_to_root_uses_reduce_scatter():
     partial = Layout((16, 4), (4,), (None, None), (0,))
     plan = plan_redistribution(partial, Layout.on_root(partial.shape, 4), 4)
-    assert plan.method == "reduce-scatter, then direct"
+    assert plan.method == "reduce-scatter (MPI_Reduce_scatter), then direct"
     assert plan.words_received[0] == 3 * 16 + (64 - 16)
 
 

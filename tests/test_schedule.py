@@ -29,12 +29,12 @@ def test_a_two_step_reduction_runs_its_reduce_scatter_on_the_groups_cart_sub():
     (first, second) = move.exchanges
     assert (first.kind, first.comm.name, first.comm.remain) == ("reduce_scatter", "grid3_sum", (1,))
     assert (second.kind, second.comm) == ("allgather", WORLD)
+    assert [e.mpi for e in move.exchanges] == ["Reduce_scatter", "Allgatherv"]   # blocks of 8, pieces of 2
     grid = np.arange(8).reshape(2, 4)
     for rank in range(8):
         table = move.table(rank)[0]
-        peers = [p for p, *_ in table[4]] + [p for p, *_ in table[5]]
         row = grid[rank // 4].tolist()                # the ranks of rank's Cart_sub over grid dim 1
-        assert peers and all(p in row and p != rank for p in peers)   # world ranks inside the sub-communicator
+        assert table[4] == "reduce_scatter" and [p for p, *_ in table[5]] == row   # its pieces: those ranks'
         assert len(move.table(rank)) == len(move.exchanges)           # one table per collective step
 
 
@@ -58,5 +58,33 @@ def test_a_move_that_moves_nothing_calls_no_collective():
     nothing = [m for m in plan.moves if not m.words_received.any()]
     assert nothing and all([e.kind for e in m.exchanges] == ["slice"] for m in nothing)
     assert all(e.kind != "slice" for m in plan.moves if m.words_received.any() for e in m.exchanges)
+    assert all(e.mpi is None for m in nothing for e in m.exchanges)
     from deinsum.emit import generate
-    assert "= rt.slice(in1, move=0, comm=rt.world)" in generate(plan)
+    assert "= rt.slice(in1, move=0, comm=rt.world)  # no MPI call: a local slice" in generate(plan)
+
+
+@pytest.mark.slow
+def test_the_suites_regular_moves_run_the_mpi_collective_of_their_name():
+    """The suite at 64 (sizes 64) on P = 64 and 4096, both entry/exit modes: every reduce-scatter on a group's
+    Cart_sub runs MPI_Reduce_scatter, every all-gather of distinct blocks of one shape MPI_Allgatherv, every
+    reduction of unsplit partial sums to every rank (or rank 0) no worse than all-to-all MPI_Allreduce (Reduce);
+    a step that runs a collective moves words, one that moves none runs no MPI call."""
+    from suite import SUITE
+    seen = set()
+    for nprocs in (64, 4096):
+        for eq, sizes in SUITE.values():
+            shapes = [tuple(64 for _ in term) for term in eq.split("->")[0].split(",")]
+            for inputs, result in (("root", "root"), ("global", "all")):
+                plan = deinsum.compile(eq, *shapes).plan(nprocs=nprocs, inputs=inputs, result=result)
+                for m in plan.moves:
+                    blocks = {m.src.local_shape(r) for r in range(min(m.src.nranks, nprocs))}
+                    for step, e in enumerate(m.exchanges):
+                        if e.comm.group is not None:
+                            assert (e.kind, e.mpi) == ("reduce_scatter", "Reduce_scatter")
+                        elif e.kind == "allgather" and step == 0 and m.src.n_replicas == 1 and len(blocks) == 1:
+                            assert e.mpi == "Allgatherv", m
+                        elif e.kind in ("allreduce", "reduce") and not m.src.split_dims and m.src.n_summands > 12:
+                            assert e.mpi == e.kind.capitalize(), m
+                        assert (e.mpi is None) == (not m.words_received.any()), m
+                        seen.add(e.mpi)
+    assert {"Reduce_scatter", "Allgatherv", "Alltoallw"} <= seen

@@ -21,15 +21,23 @@ import lzma
 import sys
 
 
+#: LZMA2 as for text (no 2-, 4- or 8-byte structure to model: pb = lp = 0), at its strongest.
+_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME, "lc": 3, "lp": 0, "pb": 0}]
+
+
 def pack(files):
-    """``{path under deinsum/: text}`` as a payload (text)."""
-    data = json.dumps(files, sort_keys=True).encode()
-    return base64.b85encode(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)).decode("ascii")
+    """``{path under deinsum/: text}`` as a payload (text): the texts' lengths (JSON), a newline, the texts."""
+    data = json.dumps({path: len(text) for path, text in files.items()}) + "\n" + "".join(files.values())
+    return base64.b85encode(lzma.compress(data.encode(), lzma.FORMAT_XZ, filters=_FILTERS)).decode("ascii")
 
 
 def unpack(payload):
     """The ``{path: text}`` files of a payload."""
-    return json.loads(lzma.decompress(base64.b85decode(payload)))
+    lengths, _, texts = lzma.decompress(base64.b85decode(payload)).decode().partition("\n")
+    files, at = {}, 0
+    for path, n in json.loads(lengths).items():
+        files[path], at = texts[at:at + n], at + n
+    return files
 
 
 class Bundle(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -176,21 +176,33 @@ def write_atomically(path, write, error=ValueError):
     temporary, ``.<name>.deinsum-tmp.<host>.<pid>``, is removed on any exception and on SIGTERM; one
     left by a killed process (``kill -9``) is removed by the next save of the same file on its host.
     One save of a file at a time per process."""
-    target = check_output_path(path, error)
-    folder, name = os.path.split(target)
-    prefix = f".{name}.deinsum-tmp.{socket.gethostname()}."
-    _remove_stale(folder, prefix)
-    temporary = os.path.join(folder, f"{prefix}{os.getpid()}")
-    with _sigterm_raises():
+    target, temporary = temporary_beside(path, error)
+    with sigterm_raises():
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # the umask applies
         try:
             with os.fdopen(fd, "wb") as f:
                 write(f)
             os.replace(temporary, target)
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
+            remove_quietly(temporary)
             raise
+
+
+def temporary_beside(path, error=ValueError):
+    """``(target, temporary)``: the file a save to ``path`` writes (:func:`check_output_path`) and this
+    process's temporary beside it, ``.<name>.deinsum-tmp.<host>.<pid>``, once the stale ones of this host
+    (their process gone) are removed."""
+    target = check_output_path(path, error)
+    folder, name = os.path.split(target)
+    prefix = f".{name}.deinsum-tmp.{socket.gethostname()}."
+    _remove_stale(folder, prefix)
+    return target, os.path.join(folder, f"{prefix}{os.getpid()}")
+
+
+def remove_quietly(path):
+    """Remove the file ``path`` if it is there."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _remove_stale(folder, prefix):
@@ -199,8 +211,7 @@ def _remove_stale(folder, prefix):
     for entry in os.listdir(folder):
         pid = entry[len(prefix):]
         if entry.startswith(prefix) and re.fullmatch("[1-9][0-9]*", pid) and not _runs_elsewhere(int(pid)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(folder, entry))
+            remove_quietly(os.path.join(folder, entry))
 
 
 def _runs_elsewhere(pid):
@@ -217,11 +228,11 @@ def _runs_elsewhere(pid):
 
 
 class _Terminated(BaseException):
-    """SIGTERM during a save (raised by the handler :func:`_sigterm_raises` installs)."""
+    """SIGTERM during a save (raised by the handler :func:`sigterm_raises` installs)."""
 
 
 @contextlib.contextmanager
-def _sigterm_raises():
+def sigterm_raises():
     """While a save writes, SIGTERM (a scheduler's time limit) raises :class:`_Terminated`, so that the
     temporary file is removed; then the process dies of the SIGTERM as it would have. Only in the main
     thread, and only where SIGTERM has its default action (else it is left as it is)."""
@@ -249,30 +260,44 @@ def save_atomically(path, array, error=ValueError):
     write_atomically(path, lambda f: np.save(f, array, allow_pickle=False), error)
 
 
-def load_npy(path, shape, dtype, casting="safe", what="input", error=ValueError):
-    """The array in the ``.npy`` file ``path`` as ``dtype``, or a one-line ``error``: missing or
-    empty file, not a ``.npy`` (e.g. ``.npz``), non-numeric data, wrong shape, or a cast
-    ``numpy.can_cast`` refuses under ``casting``."""
-    dtype = np.dtype(dtype)
+def check_npy_file(path, what="input", error=ValueError):
+    """The size of ``path``, a ``.npy`` file to read, or a one-line ``error``: a directory, a missing, special
+    or empty file."""
     if os.path.isdir(path):
         raise error(f"{what} {path}: a directory, not a .npy file")
     if not os.path.isfile(path):
         raise error(f"{what} {path}: no such file" if not os.path.exists(path) else f"{what} {path}: not a regular file")
-    if os.path.getsize(path) == 0:
+    size = os.path.getsize(path)
+    if size == 0:
         raise error(f"{what} {path}: the file is empty")
+    return size
+
+
+def check_npy_data(shape, dtype, want_shape, want_dtype, casting, where, error=ValueError):
+    """Raise a one-line ``error`` unless a ``.npy`` file's array of ``shape`` and ``dtype`` holds numbers, of
+    ``want_shape`` and in a dtype numpy's ``casting`` rule turns into ``want_dtype`` (each if not None)."""
+    if dtype.hasobject:
+        raise error(f"{where}: holds Python objects (a pickled array), which is never loaded")
+    if dtype.kind not in "biufc":
+        raise error(f"{where}: non-numeric data of dtype {dtype}")
+    if want_shape is not None and shape != tuple(want_shape):
+        raise error(f"{where}: expected shape {tuple(want_shape)}, not {shape}")
+    if want_dtype is not None:
+        check_cast(dtype, want_dtype, casting, where, error)
+
+
+def load_npy(path, shape, dtype, casting="safe", what="input", error=ValueError):
+    """The array in the ``.npy`` file ``path`` as ``dtype``, or a one-line ``error``: those of
+    :func:`check_npy_file` and :func:`check_npy_data`, not a ``.npy`` (e.g. ``.npz``)."""
+    check_npy_file(path, what, error)
     try:
         x = np.load(path, allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - numpy raises many types for bad files
         raise error(f"{what} {path}: not a readable .npy file ({_one_line(exc)})") from None
     if not isinstance(x, np.ndarray):
-        if hasattr(x, "close"):
-            x.close()
+        x.close()
         raise error(f"{what} {path}: expected one array in a .npy file, not an .npz archive")
-    if x.dtype.kind not in "biufc":
-        raise error(f"{what} {path}: non-numeric data of dtype {x.dtype}")
-    if x.shape != tuple(shape):
-        raise error(f"{what} {path}: expected shape {tuple(shape)}, not {x.shape}")
-    check_cast(x.dtype, dtype, casting, f"{what} {path}", error)
+    check_npy_data(x.shape, x.dtype, shape, dtype, casting, f"{what} {path}", error)
     return x.astype(dtype, copy=False)
 
 

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from ..footprint import peak_bytes
 from ..layout import Layout
-from ..redistribute import rank_tables
+from ..tables import rank_tables
 from ..memory import as_bytes, default_memory
 from .checks import agree, check_launch, check_memory, check_output_path, collectively, load_npy, matches, max_error
 from .checks import node_place
@@ -44,14 +44,12 @@ def check_sizes(options, planned):
                                    f"emit it again for other sizes")
 
 
-STARTS = {"global": "on every rank", "root": "on rank 0"}
-ENDS = {"all": "on every rank", "root": "on rank 0"}
+STARTS = {"global": "on every rank", "root": "on rank 0", "local": "as each rank's block"}
+ENDS = {"all": "on every rank", "root": "on rank 0", "distributed": "as each rank's block"}
 
 
 def load_operands(paths, shapes, dtype):
     """Load the ``.npy`` inputs (numpy's ``safe`` casting to the program's dtype)."""
-    if len(paths) != len(shapes):
-        raise ProgramError(f"--load takes {len(shapes)} files, got {len(paths)}")
     return [load_npy(path, shape, dtype, "safe", f"--load operand {n}", ProgramError)
             for n, (path, shape) in enumerate(zip(paths, shapes))]
 
@@ -84,8 +82,10 @@ def script_main(ns, argv=None):
     parser.add_argument("--size", action="append", default=[], help="check planned sizes, e.g. i=64,j=32")
     parser.add_argument("--load", nargs="+", default=None, metavar="NPY",
                         help=f".npy files, one per operand (read {STARTS[ns['INPUTS']]}; default random)")
-    parser.add_argument("--save", default=None, metavar="NPY", help="write the result to this .npy file (rank 0)")
-    parser.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0")
+    parser.add_argument("--save", default=None, metavar="NPY",
+                        help="write the result to this .npy file (rank 0; a distributed result: each rank its block)")
+    parser.add_argument("--validate", action="store_true", help="compare with numpy.einsum on rank 0 (local inputs "
+                        "or a distributed result are gathered whole there: small problems only)")
     parser.add_argument("--repeat", type=int, default=1, help="run K times; report median [min, max]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument("--memory", default=None,
@@ -110,7 +110,10 @@ def script_main(ns, argv=None):
         check_memory(need, limit, "this program", comm.rank, ProgramError)
         if comm.rank == 0 and args.save is not None:
             check_output_path(args.save, ProgramError)
-        if comm.rank == 0 or ns["INPUTS"] == "global":
+        if args.load and len(args.load) != len(ns["INPUT_SHAPES"]):
+            raise ProgramError(f"--load takes {len(ns['INPUT_SHAPES'])} files, got {len(args.load)}")
+        # whole operands: the inputs where they start whole, rank 0's reference where --validate compares
+        if ns["INPUTS"] == "global" or comm.rank == 0 and (ns["INPUTS"] == "root" or args.validate):
             if args.load:
                 operands = load_operands(args.load, ns["INPUT_SHAPES"], ns["DTYPE"])
             else:
@@ -120,8 +123,14 @@ def script_main(ns, argv=None):
     # the same arguments everywhere (else --repeat could differ and hang), and no failure anywhere
     if not _agreed(comm, {"equation": ns["EQUATION"], "argv": sys.argv[1:] if argv is None else argv}, failure):
         return 2
-    if operands is None:
+    whole = operands
+    if ns["INPUTS"] == "local":
+        operands = _on_every_rank(comm, ns["BLOCK_IO"].local_blocks, comm, args.load, [Layout(*e) for e in ns["ENTRY"]],
+                                  ns["DTYPE"], args.seed, "--load operand", ProgramError)
+    elif operands is None:
         operands = [None] * len(ns["INPUT_SHAPES"])
+    if operands is False:
+        return 2
     device = None
     if args.device == "gpu":
         try:
@@ -148,22 +157,43 @@ def script_main(ns, argv=None):
             runs.append((MPI.Wtime() - start, rt.clock.seconds, rt.log))
         model = rt.model_bytes
     report(comm, ns, runs, threads, model, device)
+    blocks, exit_layout = result, Layout(*ns["EXIT"])
+    if args.validate and ns["RESULT"] == "distributed":   # the whole result on rank 0
+        result = ns["BLOCK_IO"].gather_on_root(comm, blocks, exit_layout, ns["DTYPE"])
     status, failure = 0, None
     if comm.rank == 0:
         try:
             if args.validate:
-                want = reference_einsum(ns["EQUATION"], *operands)
+                want = reference_einsum(ns["EQUATION"], *whole)
                 ok = matches(result, want, ns["DTYPE"])
                 print(f"validate: {'OK' if ok else 'MISMATCH'} (max abs error {max_error(result, want):.3g})")
                 status = 0 if ok else 1
-            if args.save is not None:
+            if args.save is not None and ns["RESULT"] != "distributed":
                 save_atomically(args.save, result, ProgramError)
                 print(f"wrote {args.save}")
         except Exception as exc:  # noqa: BLE001 - e.g. a full disk: one line, and no rank left waiting
             failure = f"{type(exc).__name__}: {exc}"
     if not _agreed(comm, {}, failure):
         return 2
+    if args.save is not None and ns["RESULT"] == "distributed":
+        saved = _on_every_rank(comm, ns["BLOCK_IO"].save_blocks, comm, args.save, blocks, exit_layout, ns["DTYPE"],
+                               ProgramError)
+        if saved is False:
+            return 2
+        if comm.rank == 0:
+            print(f"wrote {args.save} (each rank its block)")
     return comm.bcast(status, root=0)
+
+
+def _on_every_rank(comm, step, *args):
+    """``step(*args)``, a collective step whose ProgramError every rank raises alike: its value, or False
+    once rank 0 has printed the error."""
+    try:
+        return step(*args)
+    except ProgramError as exc:
+        if comm.rank == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return False
 
 
 def _agreed(comm, facts, failure):

@@ -1,7 +1,7 @@
-"""Run one rank's redistribution table: one ``Alltoallw`` of subarray datatypes per step.
+"""Run one rank's redistribution table: per step, one ``Alltoallw`` of subarray datatypes, or MPI's collective.
 
-STANDALONE: imports only numpy and mpi4py (emitted scripts carry this file).
-The tables come from ``deinsum.redistribute.rank_tables`` (peers numbered in
+STANDALONE: imports only numpy, mpi4py and ``deinsum.tables`` (emitted scripts carry these files).
+The tables come from ``deinsum.tables.rank_tables`` (peers numbered in
 ``comm``: ``Runtime`` renumbers world ranks for a sub-communicator); every rank
 of ``comm`` must run its own table of the same move (collective).
 
@@ -14,8 +14,10 @@ A step's table is ``(in_held, in_shape, out_held, out_shape, sends, recvs, ops)`
   after the exchange: copy or add a piece of the input block (``peer`` = this
   rank) or of ``peer``'s staged piece into the output block.
 
-A :class:`Transfer` commits the step's datatypes once and runs it any number
-of times; :func:`exchange` runs a table once. Two ranks, rank 0 scatters
+A step whose table names a collective (``deinsum.tables.collectives``: an
+allreduce, all-gather or reduce-scatter of regular blocks) runs MPI's own as a
+:class:`Collective`. A :class:`Transfer` or :class:`Collective` commits the step's
+datatypes once and runs it any number of times; :func:`exchange` runs a table once. Two ranks, rank 0 scatters
 ``[0, 1, 2, 3, 4]``::
 
     log = ByteLog()
@@ -27,9 +29,12 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
+from ..tables import native
+
 
 class ByteLog:
-    """Bytes this rank handed to MPI per exchange (self excluded).
+    """Bytes this rank handed to MPI per exchange (self excluded); for MPI's own collective, whose inner traffic
+    cannot be measured, the bytes its algorithm moves as the model states them (:class:`Collective`).
 
     >>> log = ByteLog(); log.add("x", 16, 8); log.add("y", 0, 24)
     >>> log.bytes_sent, log.bytes_received
@@ -94,7 +99,23 @@ def _slabs(starts, subsizes, limit):
             for s, z in _slabs(starts[1:], subsizes[1:], limit)]
 
 
-class Transfer:
+class _Step:
+    """What a step commits (``datatypes``, counted by ``created``) and releases (:meth:`free`)."""
+
+    datatypes = ()
+
+    @property
+    def created(self):
+        return len(self.datatypes)
+
+    def free(self):
+        """Release the committed datatypes (idempotent)."""
+        for datatype in self.datatypes:
+            datatype.Free()
+        self.datatypes = []
+
+
+class Transfer(_Step):
     """One step of one rank's table on ``comm``, with its subarray datatypes committed once.
 
     Call it with this rank's input block (None where it holds none) for the
@@ -154,10 +175,6 @@ class Transfer:
         self.bytes_received = big_received + sum(n * t.Get_size() for peer, (n, t)
                                                  in enumerate(zip(self.recv_counts, self.recv_types)) if peer != rank)
 
-    @property
-    def created(self):
-        return len(self.datatypes)
-
     def _subarray(self, element, sizes, subsizes, starts):
         """Committed C-order subarray type (0-d arrays count as one element)."""
         sizes, subsizes, starts = (list(sizes) or [1]), (list(subsizes) or [1]), (list(starts) or [0])
@@ -193,11 +210,63 @@ class Transfer:
             out = out.copy()          # let the staging buffer go
         return out
 
-    def free(self):
-        """Release the committed datatypes (idempotent)."""
-        for datatype in self.datatypes:
-            datatype.Free()
+
+class Collective(_Step):
+    """One step that runs MPI's collective of its name (a native table of ``rank_tables``) on ``comm``: every
+    rank for ``Allreduce``, ``Reduce`` (ranks without a summand add zeros) or ``Allgatherv`` (each block
+    through one subarray type resized to one element), the ranks holding one block's summands for
+    ``Reduce_scatter`` (the block packed piece by piece); peers numbered in ``world`` (default ``comm``).
+    ``bytes_sent``/``bytes_received`` are the model's: what MPI moves inside a collective cannot be measured.
+    """
+
+    def __init__(self, comm, table, dtype, element, world=None):
+        self.comm, self.dtype, self.element = comm, np.dtype(dtype), element
+        self.in_held, self.in_shape, self.out_held, self.out_shape, self.kind, pieces, words = table
+        self.bytes_sent, self.bytes_received = (w * self.dtype.itemsize for w in words)
         self.datatypes = []
+        peers = [peer for peer, _, _ in pieces]
+        if world is not None and comm != world and peers:
+            world_group, group = world.Get_group(), comm.Get_group()
+            peers = world_group.Translate_ranks(peers, group)
+            world_group.Free()
+            group.Free()
+        self.pieces = sorted((peer, starts, subsizes) for peer, (_, starts, subsizes) in zip(peers, pieces))
+        if MPI.UNDEFINED in peers or self.kind == "reduce_scatter" and len(self.pieces) != comm.Get_size():
+            raise ValueError(f"rank {comm.Get_rank()}: a {self.kind} whose ranks are not its communicator's")
+        if self.kind == "allgather":
+            self.counts, self.displs = [0] * comm.Get_size(), [0] * comm.Get_size()
+            for peer, starts, _ in self.pieces:   # (element offsets in the C-ordered output)
+                self.counts[peer] = 1
+                self.displs[peer] = sum(a * math.prod(self.out_shape[k + 1:]) for k, a in enumerate(starts))
+            box = element.Create_subarray(list(self.out_shape), list(self.pieces[0][2]), [0] * len(self.out_shape),
+                                          order=MPI.ORDER_C)
+            self.datatypes.append(box.Create_resized(0, element.Get_extent()[1]).Commit())
+            box.Free()
+
+    def __call__(self, block):
+        rank = self.comm.Get_rank()
+        if self.in_held and (block is None or block.shape != tuple(self.in_shape)):
+            raise ValueError(f"rank {rank}: local block of shape {None if block is None else block.shape}, "
+                             f"the table expects {tuple(self.in_shape)}")
+        if block is not None:
+            block = np.asarray(block, dtype=self.dtype, order="C")
+        out = np.empty(self.out_shape, dtype=self.dtype) if self.out_held or self.kind != "reduce" else None
+        if self.kind in ("allreduce", "reduce"):
+            mine = [block[_slices(s, z)] for peer, s, z in self.pieces if peer == rank]
+            send = np.ascontiguousarray(mine[0]) if mine else np.zeros(self.out_shape, dtype=self.dtype)
+            if self.kind == "allreduce":
+                self.comm.Allreduce(send.reshape(-1), out.reshape(-1))
+            else:
+                self.comm.Reduce(send.reshape(-1), None if out is None else out.reshape(-1), root=0)
+        elif self.kind == "allgather":
+            send = [block, block.size, self.element] if self.counts[rank] else [out, 0, self.element]
+            self.comm.Allgatherv(send, [out, (self.counts, self.displs), self.datatypes[0]])
+        else:
+            send = np.concatenate([block[_slices(s, z)].reshape(-1) for _, s, z in self.pieces])
+            out = out.reshape(-1)
+            self.comm.Reduce_scatter(send, out, [math.prod(z) for _, _, z in self.pieces], op=MPI.SUM)
+            out = out.reshape(self.out_shape)
+        return out if self.out_held else None
 
 
 def local_part(table, block, dtype):
@@ -236,11 +305,22 @@ def exchange(comm, table, local, dtype, log=None, label=""):
     block, sent, received = local, 0, 0
     try:
         for step in table:
-            transfer = Transfer(comm, step, dtype, element)
+            members = comm
+            if native(step) and step[4] == "reduce_scatter":   # on the ranks that hold one block's summands
+                members = comm.Split(step[5][0][0] if step[5] else MPI.UNDEFINED, comm.Get_rank())
+            if members == MPI.COMM_NULL:
+                block = None
+                continue
             try:
-                block = transfer(block)
+                transfer = (Collective(members, step, dtype, element, comm) if native(step)
+                            else Transfer(comm, step, dtype, element))
+                try:
+                    block = transfer(block)
+                finally:
+                    transfer.free()
             finally:
-                transfer.free()
+                if members != comm:
+                    members.Free()
             sent, received = sent + transfer.bytes_sent, received + transfer.bytes_received
     finally:
         element.Free()

@@ -1,8 +1,8 @@
 """Which library runs each class of GEMM, measured: once per machine, cached, never assumed.
 
-``kernels.py`` owns the libraries, their calls and the routes (forced by ``DEINSUM_GEMM`` or these) and
-hands this module what it times; this module (which imports nothing of deinsum) measures them where ``DEINSUM_GEMM`` is ``auto`` (the default): ``measure_rates`` times each
-class's candidates on one representative shape (interleaved, a few rounds), ``fastest`` picks one, and
+``blas.py`` owns the libraries' calls and the routes and hands this module what it times; this module (which
+imports nothing of deinsum) measures them where ``DEINSUM_GEMM`` is ``auto`` (the default): ``measure_rates``
+times each class's candidates on one representative shape (interleaved, a few rounds), ``fastest`` picks one, and
 ``cached_rates``/``store_rates`` keep the rates in ``$XDG_CACHE_HOME/deinsum`` (or ``~/.cache/deinsum``)
 under a key of the CPU, numpy and its BLAS, MKL's and the streaming kernels' builds and the thread count
 (``machine_key``): an entry made on another CPU or library is never used, an unreadable or unwritable

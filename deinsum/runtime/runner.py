@@ -11,9 +11,11 @@ emitted, is straight-line code over a :class:`Runtime`::
     out = rt.reduce_scatter(out, move=3, comm=grid0_sum)
     out = rt.gather(out, move=3, step=1)
 
-Every move kind (scatter, all-gather, reduce-scatter, ...) runs the same
-subarray ``Alltoallw`` :class:`~deinsum.runtime.exchange.Transfer`; the name
-says what it amounts to. Communicators and datatypes are created on first use
+A move step whose blocks are regular runs MPI's collective of its name
+(:class:`~deinsum.runtime.exchange.Collective`: ``rt.allreduce``, ``rt.allgather``,
+``rt.reduce_scatter``), every other one the same subarray ``Alltoallw``
+(:class:`~deinsum.runtime.exchange.Transfer`), its name saying what it amounts to,
+and a ``slice`` no MPI call. Communicators and datatypes are created on first use
 and kept until :meth:`Runtime.close` (``created`` counts them).
 """
 import math
@@ -25,9 +27,11 @@ from mpi4py import MPI
 
 from ..footprint import ROUND_PIECES
 from ..layout import Layout, block_range
-from ..redistribute import table_words
-from .exchange import ByteLog, Transfer, element_type, local_part
-from .kernels import agree_gemm_routes, array_module, contract_group, set_stream_threads, unary
+from ..tables import native, table_words
+from .exchange import ByteLog, Collective, Transfer, element_type, local_part
+from .blas import agree_gemm_routes, set_stream_threads
+from .kernels import contract_group, unary
+from .libraries import array_module
 
 PHASES = ("distribute", "compute", "reduce", "redistribute", "gather", "host_to_device", "device_to_host")
 
@@ -86,7 +90,7 @@ class Runtime:
 
     ``moves[k]`` is ``(timer, label, tables)`` of move ``k``: the phase it is
     timed under, its name in the byte log, and this rank's table of each of its
-    steps, peers numbered in the world (:func:`deinsum.redistribute.rank_tables`).
+    steps, peers numbered in the world (:func:`deinsum.tables.rank_tables`).
     ``log`` and ``clock`` measure the current call (:meth:`reset` starts a new one).
     With a ``device`` (a :class:`~deinsum.runtime.gpu.Device`) groups compute on
     the GPU and moves stage device blocks through host memory.
@@ -140,7 +144,8 @@ class Runtime:
 
     # ---- data movement --------------------------------------------------------------------------
     def move(self, kind, x, move, step=0, comm=None):
-        """Step ``step`` of move ``move`` on ``comm`` (default: the world); ``kind`` names the collective.
+        """Step ``step`` of move ``move`` on ``comm`` (default: the world); ``kind`` names the collective, which
+        is MPI's own where the step's table is a native one (of that kind), else an ``Alltoallw``.
 
         Ranks outside ``comm`` hold nothing before and after. Bytes go to the log under the move's label.
         """
@@ -156,6 +161,8 @@ class Runtime:
                 if x is not None:
                     raise ValueError(f"rank {self.rank}: holds a block of {label} outside the {kind} communicator")
                 return None
+            if native(tables[step]) and tables[step][4] != kind:
+                raise ValueError(f"rank {self.rank}: {label} step {step} is an MPI {tables[step][4]}, not a {kind}")
             transfer = self._transfer(move, step, comm, tables[step])
             result = transfer(x)
         self.log.add(f"{label} ({kind})", transfer.bytes_sent, transfer.bytes_received)
@@ -178,7 +185,8 @@ class Runtime:
             if self._element is None:
                 self._element = element_type(self.dtype)
                 self.created["datatypes"] += 1
-            self._transfers[key] = Transfer(comm, renumbered(table, self.world, comm), self.dtype, self._element)
+            self._transfers[key] = (Collective(comm, table, self.dtype, self._element, self.world) if native(table)
+                                    else Transfer(comm, renumbered(table, self.world, comm), self.dtype, self._element))
             self.created["datatypes"] += self._transfers[key].created
         return self._transfers[key]
 
