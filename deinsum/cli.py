@@ -111,8 +111,11 @@ def cmd_bound(args) -> int:
     if args.layout and not (_has_shapes(args) and args.nprocs):
         raise DeinsumError("--layout needs --size and -P: a pinned layout matters only to the plan, which bound "
                            "prints with --size and -P")
+    per_p = [int(q) for q in args.per_p.split(",") if q.strip()] if args.per_p else []
+    if per_p and not (args.latex and _has_shapes(args)):
+        raise DeinsumError("--per-p needs --latex and --size: it adds rows to the LaTeX table of plans")
     prog = _program(args)
-    print(prog.report("latex" if args.latex else "json" if args.json else "text", nprocs=args.nprocs))
+    print(prog.report("latex" if args.latex else "json" if args.json else "text", nprocs=args.nprocs, per_p=per_p))
     return 0
 
 
@@ -255,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = command("bound", cmd_bound, "SOAP I/O lower bound, optimal tiles and fusion", ("-P", "--nprocs"))
     fmt = b.add_mutually_exclusive_group()
     fmt.add_argument("--latex", action="store_true", help="booktabs table and formulas")
+    b.add_argument("--per-p", default="", metavar="P,P,...",
+                   help="with --latex and --size: a per-P table of the bounds and deinsum's plans at these rank counts "
+                        "too (the sizes as given), e.g. 8,64,512")
     fmt.add_argument("--json", action="store_true", help="JSON data")
     p = command("plan", cmd_plan, "groups, grids, layouts and bytes per rank for P ranks (no MPI needed)",
                 ("-P", "--nprocs"), True)

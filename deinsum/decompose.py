@@ -369,6 +369,32 @@ def _with_flops(step: Step, sizes: Mapping[str, int]) -> Step:
     return Step(step.name, step.operands, step.subscripts, step.output, step.summed, step.kind, flops)
 
 
+def binary_steps(subs: Sequence[str], output: str, path: Sequence[tuple[int, int]]) -> list[Step]:
+    """The binary steps of a contraction ``path`` (opt_einsum's form: pairs of positions in the list of
+    live operands, each result appended) over operands ``in0, in1, ...`` with ``subs``: every index
+    summed as soon as no later operand and not the output needs it.
+
+    >>> [s.operation for s in binary_steps(["ij", "jk", "kl"], "il", [(1, 2), (0, 1)])]
+    ['jk,kl->jl', 'ij,jl->il']
+    """
+    live, steps = [(f"in{n}", sub) for n, sub in enumerate(subs)], []
+    for n, pair in enumerate(path):
+        (na, sa), (nb, sb) = (live[k] for k in pair)
+        live = [t for k, t in enumerate(live) if k not in pair]
+        last = n == len(path) - 1
+        if last:
+            out = output
+        else:
+            needed = set(output).union(*(s for _, s in live))
+            # free indices first (operand order), shared ones last: KRP ja,ka->jka
+            shared = [c for c in sa if c in sb]
+            order = [c for c in sa + sb if c not in shared] + shared
+            out = "".join(c for c in order if c in needed)
+        steps.append(Step("out" if last else f"t{n}", (na, nb), (sa, sb), out))
+        live.append((steps[-1].name, out))
+    return steps
+
+
 def decompose(equation: str, *shapes: Sequence[int], optimize: str = "auto") -> Decomposition:
     """Parse, normalise and split ``equation`` into binary steps (see module docstring).
 
@@ -388,27 +414,12 @@ def decompose(equation: str, *shapes: Sequence[int], optimize: str = "auto") -> 
                                                shapes=True, optimize=optimize)
         except (ValueError, TypeError, KeyError) as exc:
             raise DeinsumError(f"equation {equation!r}: opt_einsum could not plan it ({exc})") from None
-        live = list(zip(names, subs))
-        for n, pair in enumerate(path):
-            if len(pair) != 2:
-                raise DeinsumError(f"equation {equation!r}: unexpected {len(pair)}-ary step in opt_einsum path")
-            (na, sa), (nb, sb) = (live[k] for k in pair)
-            live = [t for k, t in enumerate(live) if k not in pair]
-            last = n == len(path) - 1
-            if last:
-                out = parsed.output
-            else:
-                needed = set(parsed.output).union(*(s for _, s in live))
-                # free indices first (operand order), shared ones last: KRP ja,ka->jka
-                shared = [c for c in sa if c in sb]
-                order = [c for c in sa + sb if c not in shared] + shared
-                out = "".join(c for c in order if c in needed)
-            name = "out" if last else f"t{n}"
-            step = Step(name, (na, nb), (sa, sb), out)
+        if any(len(pair) != 2 for pair in path):
+            raise DeinsumError(f"equation {equation!r}: unexpected {max(map(len, path))}-ary step in opt_einsum path")
+        for step in binary_steps(subs, parsed.output, path):
             if sizes is not None:
-                check_volume(f"intermediate {name} ({step.operation})", out, sizes)
+                check_volume(f"intermediate {step.name} ({step.operation})", step.output, sizes)
             steps.append(_with_flops(step, sizes) if sizes is not None else step)
-            live.append((name, out))
     naive = None
     if sizes is not None:
         naive = _flops("".join(parsed.subscripts), bool(set("".join(parsed.subscripts)) - set(parsed.output)),

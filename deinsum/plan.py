@@ -84,12 +84,14 @@ class GroupPlan:
 class PlanBound:
     """The per-rank lower bounds a plan is held against, in words received by the busiest rank.
 
-    ``words``: the class bound (:attr:`CLASS`), the least over fusion candidates of
-    the largest group bound, at least what the copies of a replicated result cost;
+    ``words``: the class bound (``covers`` says its class), the least over contraction paths and fusion
+    candidates of the sum of group bounds (two groups by their joint bound where more), at least what the
+    copies of a replicated result cost;
     ``per_group``: the bound of each group of the chosen plan; ``candidates``:
-    ``(partition, bound, modeled words or None)`` of every fusion candidate;
-    ``atomic``: the whole einsum as one statement (:attr:`ATOMIC`). All hold under
-    :attr:`ASSUMPTIONS`, for any memory per rank.
+    ``(partition, bound, modeled words or None)`` of every fusion candidate of the plan's path (joint
+    bounds counted where they could decide the least); ``atomic``: the whole einsum as
+    one statement (:attr:`ATOMIC`); ``chosen_words``: the chosen fusion's, with all its
+    joint bounds. All hold under :attr:`ASSUMPTIONS`, for any memory per rank.
     """
 
     words: float
@@ -97,22 +99,26 @@ class PlanBound:
     candidates: tuple[tuple[tuple[tuple[int, ...], ...], float, int | None], ...]
     binding: str
     atomic: float
+    chosen_words: float
+    covers: str = ""                     # the class (:attr:`deinsum.soap.Analysis.covers`)
+    fits: tuple[bool | None, ...] = ()   # per candidate: whether its scored plan fits the memory (None: not scored)
 
-    CLASS = ("class bound: algorithms that run opt_einsum's contraction path of this einsum, its steps fused as any "
-             "of the fusion candidates")
     CHOSEN = "this plan's path and fusion"
     ATOMIC = "atomic bound: one-statement algorithms only (the whole einsum as one fused statement)"
     ASSUMPTIONS = ("every rank computes 1/P of the iterations of every group (balance per group), each iteration "
-                   "once (no recomputation), one copy of every input at the start, of the result at the end and of "
-                   "each intermediate's complete values, unless the start or end mode replicates them; classical "
-                   "arithmetic")
+                   "once (no recomputation); a group reads the complete values of the intermediates it reads "
+                   "(partial sums flow only inside a group); every word received is a value or a partial sum of one "
+                   "element of an input, an intermediate or the result; one copy of every input at the start and of "
+                   "the result at the end, unless the start or end mode replicates them; classical arithmetic")
     METRIC = "words received by the busiest rank"
     MEMORY = "memory-independent: they hold for any memory per rank"
-
-    @property
-    def chosen_words(self) -> float:
-        """The bound of the chosen fusion: its largest group bound (each group one fused statement)."""
-        return max(self.per_group, default=0.0)
+    #: Where a plan of several statements moves more than this many times the class bound, the report says that
+    #: no tight bound is known for its class (TTMc-like chains: their published bounds cover one statement).
+    NOT_TIGHT = 2.0
+    MEMORY_DEPENDENT = ("algorithms that run this plan's contraction path fused as any candidate, every rank holding "
+                        "at most that memory at any time and running its groups one after another (segments: half "
+                        "the words a rank sends and receives, every word sent received once); printed where the plan "
+                        "fits the memory")
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,8 +137,17 @@ class Plan:
     exit: Layout
     schedule: tuple[Move | Compute, ...]   # in order
     pinned: tuple[str, ...] = ()
-    bound: PlanBound | None = None
     memory_default: bool = False         # memory is this machine's default, not given
+    scores: tuple = ()                   # (partition, (modeled words of the busiest rank, fits)) of each scored
+    fusion: tuple = ()                   # candidate, and the plan's partition: what ``bound`` is made from
+
+    @cached_property
+    def bound(self) -> PlanBound | None:
+        """The per-rank lower bounds this plan is held against (:class:`PlanBound`; made on first use: running a
+        plan does not need them). None for an einsum without binary steps."""
+        if self.analysis is None or not self.fusion:
+            return None
+        return _plan_bound(self, self.analysis, dict(self.scores), self.fusion)
 
     @property
     def equation(self) -> str:
@@ -185,8 +200,44 @@ class Plan:
         return self.peak_bytes <= self.memory
 
     @property
+    def unknown_bound(self) -> str | None:
+        """The plain statement that no tight bound is known for this plan's class, where that is so: it runs
+        several statements and moves more than :attr:`PlanBound.NOT_TIGHT` times the class bound."""
+        if self.bound is None or len(self.groups) < 2:
+            return None
+        ours = int(self.received_bytes().max(initial=0)) // self.dtype.itemsize
+        if ours <= PlanBound.NOT_TIGHT * self.bound.words:
+            return None
+        return (f"no tight lower bound is known for this plan's class (algorithms that run {len(self.groups)} "
+                f"statements): the class bound is the best deinsum proves, {_ratio(ours, self.bound.words)} below the "
+                f"plan, and the atomic bound covers one-statement algorithms only")
+
+    @property
+    def unbalanced(self) -> str | None:
+        """Where a group leaves ranks idle, the statement that the plan lies outside the bounds' class (balance per
+        group: a plan that idles ranks may move less than the bounds)."""
+        idle = [f"group {g.index}: {g.grid.idle} of {self.nprocs}" for g in self.groups if g.grid.idle]
+        return None if not idle or self.bound is None else (
+            f"this plan leaves ranks idle ({'; '.join(idle)}): it lies outside the class of every bound above "
+            f"(balance per group), which need not hold for it")
+
+    def bound_row(self) -> dict:
+        """The plan's bounds and busiest rank's words for a per-P table (:func:`deinsum.soap.report.latex`)."""
+        b = self.bound
+        return {"P": self.nprocs, "class": None if b is None else b.words, "atomic": None if b is None else b.atomic,
+                "plan": int(self.received_bytes().max(initial=0)) // self.dtype.itemsize}
+
+    @cached_property
+    def memory_bound_words(self) -> int | None:
+        """The memory-dependent bound (:attr:`PlanBound.MEMORY_DEPENDENT`) at this plan's memory per rank, in words;
+        None where the plan does not fit it (or has no bound)."""
+        if self.bound is None or not self.feasible:
+            return None
+        return _whole(self.analysis.memory_words(self.memory // self.dtype.itemsize))
+
+    @property
     def lower_bound_bytes(self) -> float:
-        """The class bound in bytes: what the busiest rank receives at least (:attr:`PlanBound.CLASS`)."""
+        """The class bound in bytes: what the busiest rank receives at least (:attr:`PlanBound.covers`)."""
         return 0.0 if self.bound is None else self.bound.words * self.dtype.itemsize
 
     def model_bytes(self) -> list[tuple[int, int]]:
@@ -247,13 +298,18 @@ class Plan:
         b, size = self.bound, self.dtype.itemsize
         outside = (f"; this plan moves less: it runs {len(self.groups)} statements, outside that class"
                    if ours < b.atomic else "")
-        rows = [(b.chosen_words, PlanBound.CHOSEN, ""), (b.words, f"{PlanBound.CLASS} ({b.binding})", ""),
+        rows = [(b.chosen_words, PlanBound.CHOSEN, ""), (b.words, f"class bound: {b.covers} ({b.binding})", ""),
                 (b.atomic, PlanBound.ATOMIC, outside)]
-        return ([f"  lower bounds per rank, in bytes ({PlanBound.METRIC}; words in brackets); {PlanBound.MEMORY}; "
-                 f"from inputs {self.inputs!r} to result {self.result!r}:"]
+        if self.memory_bound_words:                  # printed where the plan fits and the memory binds at all
+            rows.append((self.memory_bound_words, f"memory-dependent bound at {self.memory:,} bytes per rank: "
+                                                  f"{PlanBound.MEMORY_DEPENDENT}", ""))
+        return ([f"  lower bounds per rank, in bytes ({PlanBound.METRIC}; words in brackets), from inputs "
+                 f"{self.inputs!r} to result {self.result!r}; the first three {PlanBound.MEMORY}:"]
                 + [f"    {w * size:>14,.0f} ({w:,.0f})  {covers}; ours / bound = {_ratio(ours, w)}{extra}"
                    for w, covers, extra in rows]
-                + [f"    assuming {PlanBound.ASSUMPTIONS}"])
+                + [f"    assuming {PlanBound.ASSUMPTIONS}"]
+                + ([f"  {self.unknown_bound}"] if self.unknown_bound else [])
+                + ([f"  {self.unbalanced}"] if self.unbalanced else []))
 
     def to_dict(self) -> dict:
         """The whole plan as JSON-ready data (bytes; words where noted)."""
@@ -306,17 +362,39 @@ class Plan:
                 "received_bytes_per_rank": received.tolist(),
                 "received_bytes_max": int(received.max(initial=0)),
                 "lower_bound_bytes_per_rank": self.lower_bound_bytes,
-                "lower_bound_covers": PlanBound.CLASS if self.bound is not None else None,
+                "lower_bound_covers": None if self.bound is None else self.bound.covers,
                 "chosen_schedule_bound_bytes_per_rank": 0.0 if self.bound is None else self.bound.chosen_words * size,
                 "chosen_schedule_bound_covers": PlanBound.CHOSEN,
                 "atomic_lower_bound_bytes_per_rank": 0.0 if self.bound is None else self.bound.atomic * size,
                 "atomic_lower_bound_covers": PlanBound.ATOMIC,
                 "lower_bound_assumptions": PlanBound.ASSUMPTIONS, "lower_bound_metric": PlanBound.METRIC,
                 "lower_bound_memory": PlanBound.MEMORY,
+                "memory_dependent_lower_bound_bytes_per_rank": None if self.memory_bound_words is None else
+                self.memory_bound_words * size,
+                "memory_dependent_lower_bound_covers": PlanBound.MEMORY_DEPENDENT,
+                "tight_bound_unknown": self.unknown_bound, "outside_balance": self.unbalanced,
                 "fusion_candidates": [] if self.bound is None else [
                     {"partition": [list(g) for g in p], "lower_bound_bytes": b * size,
                      "received_bytes_per_rank": None if v is None else v * size}
                     for p, b, v in self.bound.candidates]}
+
+
+def bound_notes(plans) -> list[str]:
+    """The sentences a paper's per-P table of ``plans`` (one einsum, one start and end) needs: each bound's class,
+    the metric, start and end, the assumptions, and where no tight bound is known."""
+    first = plans[0]
+    notes = [f"Class bound: {first.bound.covers}. Atomic bound: the whole einsum as one statement (the model of the "
+             f"published bounds); it covers one-statement algorithms only. Both count {PlanBound.METRIC} (words of "
+             f"{first.dtype.itemsize} bytes), from inputs where they start ({INPUT_MODES[first.inputs]}) to a result "
+             f"where it ends ({RESULT_MODES[first.result]}), hold for any memory per rank, and assume: "
+             f"{PlanBound.ASSUMPTIONS}."]
+    unknown = [p for p in plans if p.unknown_bound]
+    if unknown:
+        ps = ", ".join(str(p.nprocs) for p in unknown)
+        notes.append(f"At P = {ps} the plan runs several statements and moves more than {PlanBound.NOT_TIGHT:g} times "
+                     f"the class bound: no tight lower bound is known for its class (the atomic bound does not cover "
+                     f"it; the class bound is the best deinsum proves).")
+    return notes
 
 
 def _human(nbytes: float) -> str:
@@ -807,27 +885,33 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
         if excess <= 0 or scored[0][0][0]:   # it fits, or the search knew no plan would
             break
         planner.budget -= -(-excess // dtype.itemsize)   # a rank the search did not sample peaks higher
-    states = {partition: state for _, partition, state in scored}
-    states[scored[0][1]] = best
-    return replace(plan, bound=_plan_bound(plan, analysis, states, scored[0][1]))
+    scores = {partition: (int(state.received.max(initial=0)), state.over == 0) for _, partition, state in scored}
+    scores[scored[0][1]] = (int(best.received.max(initial=0)), best.over == 0)
+    return replace(plan, scores=tuple(scores.items()), fusion=scored[0][1])
 
 
 def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
     """The plan's bounds (:class:`PlanBound`) from the analysis' memory-independent group bounds, each at
-    least what the result's copies cost (``scored``: the planned state of each candidate partition
+    least what the result's copies cost (``scored``: ``(modeled words, fits)`` of each candidate partition
     scored; ``chosen``: the plan's partition)."""
     copies = _whole(analysis.result_copies)
-    group_words = {c.partition: [_whole(g.parallel.Q_indep) for g in c.groups] for c in analysis.candidates}
-    candidates = [(p, max(copies, *words), None if p not in scored else int(scored[p].received.max(initial=0)))
-                  for p, words in group_words.items()]
-    words = min(b for _, b, _ in candidates)
-    binding = (RESULT_COPIES if words == copies else "a group's footprint less the shares held") if words else (
-        "no positive bound")
+    candidates = [(c.partition, max(copies, _whole(c.parallel_Q)),
+                   None if c.partition not in scored else scored[c.partition][0]) for c in analysis.raised]
+    least, best = analysis.class_bound
+    words = _whole(least)
+    alone = sum(g.parallel.Q_indep for g in best.groups)
+    binding = ("no positive bound" if not words else RESULT_COPIES if words == copies else
+               "the groups' footprints less the shares held" + (", two of them jointly" if best.parallel_Q > alone
+                                                                 else "")
+               + (f", along the path {'; '.join(s.operation for s in best.path)}" if best.path else ""))
     last = len(plan.decomposition.steps) - 1
-    per_group = [max(copies, w) if last in g else w for g, w in zip(chosen, group_words[chosen])]
+    mine = next(c for c in analysis.candidates if c.partition == chosen)
+    per_group = [max(copies, _whole(g.parallel.Q_indep)) if last in g.steps else _whole(g.parallel.Q_indep)
+                 for g in mine.groups]
     in_order = sorted(range(len(chosen)), key=lambda k: max(chosen[k]))     # the plan's groups run in this order
     return PlanBound(words, tuple(per_group[k] for k in in_order), tuple(candidates), binding,
-                     _whole(analysis.atomic_words))
+                     _whole(analysis.atomic_words), _whole(analysis.schedule_bound(chosen)), analysis.covers,
+                     tuple(None if p not in scored else scored[p][1] for p, _, _ in candidates))
 
 
 def _owned_words(d: Decomposition, nprocs: int, layouts: Mapping[str, Layout]) -> dict[str, float]:

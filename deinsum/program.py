@@ -32,7 +32,7 @@ from .decompose import Decomposition, as_shape, decompose
 from .errors import CASTINGS, DeinsumError, as_dtype, as_ranks, check_choice
 from .footprint import footprint
 from .memory import as_bytes, default_memory
-from .plan import INPUT_MODES, RESULT_MODES, Plan, build_plan, check_pins, pin_names
+from .plan import INPUT_MODES, RESULT_MODES, Plan, bound_notes, build_plan, check_pins, pin_names
 from .schedule import Move, Prepass
 from .soap import analyze
 
@@ -237,15 +237,21 @@ class Program:
         return analyze(self.decomposition, S=words, P=p)
 
     def report(self, format: str = "text", nprocs: int | None = None, inputs: str | None = None,
-               result: str | None = None) -> str:
-        """The bounds report (``text``, ``latex`` or ``json``) followed, with shapes and P, by the plan."""
+               result: str | None = None, per_p: Sequence[int] = ()) -> str:
+        """The bounds report (``text``, ``latex`` or ``json``) followed, with shapes and P, by the plan. ``latex``
+        with shapes: a per-P table of the bounds beside the plans at P and at every rank count in ``per_p``, and
+        the sentences that state their class and assumptions."""
         nprocs = self._ranks(nprocs)
         planned = self.shapes is not None and nprocs is not None
+        if format == "latex":
+            procs = sorted(set(([nprocs] if nprocs is not None else []) + [as_ranks(q) for q in per_p]))
+            plans = [self.plan(nprocs=q, inputs=inputs, result=result) for q in procs] if self.shapes else []
+            plans = [p for p in plans if p.bound is not None]
+            a = plans[0].analysis if plans else self.analysis(nprocs)
+            return a.latex([p.bound_row() for p in plans], bound_notes(plans) if plans else ())
         plan = self.plan(nprocs=nprocs, inputs=inputs, result=result) if planned else None
         spare = self.plan(nprocs=nprocs, inputs=inputs, result=result, memory=UNLIMITED) if planned else None
         a = plan.analysis if plan is not None and plan.analysis is not None else self.analysis(nprocs)
-        if format == "latex":
-            return a.latex()
         if format == "json":
             import json
             data = {"equation": a.equation, "analysis": a.to_dict()} | ({} if plan is None else plan.to_dict())

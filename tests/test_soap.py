@@ -272,7 +272,7 @@ def test_analysis_reports():
     text = str(a)
     assert "schedule: [t0+out]" in text and "clamped" in text
     words, best = a.class_bound
-    assert f"class bound >= {words:.4g}" in text and f"atomic bound >= {a.atomic.Q_indep:.4g}" in text
+    assert f"class bound >= {math.ceil(words):,}" in text and f"atomic bound >= {math.ceil(a.atomic.Q_indep):,}" in text
     assert "one-statement algorithms only" in text and "memory-dependent" not in text   # not a proven bound
     tex = a.latex()
     assert all(k in tex for k in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}", r"$Q \geq"))

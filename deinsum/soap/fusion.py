@@ -8,10 +8,15 @@ partial sums flow through and are reduced once, at the group's end (deferred
 reduction). Every partition of the steps into groups is a candidate schedule.
 
 Sequentially a schedule costs the sum of its groups' bounds. On P ranks the
-busiest rank receives at least the largest of its groups' per-rank bounds (each
-group's by averaging; the sum is not a bound), so a schedule's parallel bound is
-that maximum, and the *class bound* -- every algorithm that runs this contraction
-path fused as one of its candidates -- is the minimum over candidates. The
+busiest rank receives at least the sum of its groups' per-rank bounds (each group's
+by averaging; each word belongs to one group: an input's to the group that reads it,
+an intermediate's partial sums to the group that makes it, its complete values to the
+group that reads it), two groups counted by their *joint* bound where that is more (a group and the
+group that reads its result: :func:`deinsum.soap.parallel.joint_bound`), and the
+*class bound* -- every algorithm that runs a contraction path fused as one of its
+candidates -- is the minimum over candidates and over every contraction path of an
+einsum of at most ``MAX_PATH_OPERANDS`` operands (opt_einsum's path beyond). Joint
+bounds are computed where they can raise that minimum. The
 *atomic* bound treats the whole einsum as one statement (the published bounds'
 model); it does not hold for multi-step algorithms.
 
@@ -24,13 +29,15 @@ model); it does not hold for multi-step algorithms.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import DeinsumError
 from .numeric import NumericBound, check_positive, numeric_bound
-from .parallel import LAYOUT, ParallelBound, check_ranks, parallel_bound
+from .parallel import (LAYOUT, ParallelBound, check_ranks, independent_bound, joint_bound, memory_bound,
+                       parallel_bound)
 from .statement import Statement
 
 if TYPE_CHECKING:   # closed forms (SymPy) load where they are asked for: sizes alone never need them
@@ -85,19 +92,46 @@ class GroupBound:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A partition of the steps into groups, with its total bound."""
+    """A partition of the steps into groups, with its total bound; ``joint``: ``(producer group,
+    consumer group, words)`` of the joint bounds computed for it (:func:`analyze`); ``path``: see below."""
 
     partition: tuple[tuple[int, ...], ...]
     groups: tuple[GroupBound, ...]
     cost: float
+    joint: tuple[tuple[tuple[int, ...], tuple[int, ...], float], ...] = ()
+    path: tuple = ()      # the steps of another contraction path, which ``partition`` groups (empty: the analysis')
 
     @property
     def parallel_Q(self) -> float | None:
-        """Per-rank bound of this schedule on P ranks: the largest of its groups' memory-independent
-        bounds (None without P)."""
+        """Per-rank bound of this schedule on P ranks (None without P): the sum of its groups'
+        memory-independent bounds, two groups with a joint bound counted by it instead where that is
+        more (the most over sets of such pairs without a common group).
+
+        Each group's words are its own (an input's, the result's, an intermediate's partial sums sent by
+        the group that makes it, its complete values received by the group that reads it: distinct
+        words), so the averaging argument holds for the sum.
+        """
         if any(g.parallel is None for g in self.groups):
             return None
-        return max(g.parallel.Q_indep for g in self.groups)
+        alone = {g.steps: g.parallel.Q_indep for g in self.groups}
+        gains = [(p, q, w - alone[p] - alone[q]) for p, q, w in self.joint if w > alone[p] + alone[q]]
+        best = 0.0
+        for chosen in range(1 << len(gains)):     # a handful of pairs at most: every set of them
+            pairs = [gains[k] for k in range(len(gains)) if chosen >> k & 1]
+            used = [g for p, q, _ in pairs for g in (p, q)]
+            if len(used) == len(set(used)):
+                best = max(best, sum(w for _, _, w in pairs))
+        return sum(alone.values()) + best
+
+    def joint_pairs(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """``(producer, consumer)``: two groups with a joint bound, the second reading the first's result.
+
+        >>> from deinsum.decompose import decompose
+        >>> [c.joint_pairs() for c in analyze(decompose("ijk,ja,ka->ia")).candidates]
+        [[], [((0,), (1,))]]
+        """
+        return [(p.steps, c.steps) for p in self.groups for c in self.groups
+                if p.statement.names[-1] in c.statement.names[:-1]]
 
     @property
     def Q(self):
@@ -126,6 +160,58 @@ class Analysis:
     atomic: ParallelBound | None = None      # the whole einsum as one statement (with sizes and P)
     owned: dict[str, float] | None = None    # average words per rank held at the start or end, if not |T|/P
     result_copies: float = 0.0               # words some rank receives because the result ends with copies
+    inputs: tuple[str, ...] = ()             # the operands' subscripts (after the pre-pass): the other paths'
+
+    @cached_property
+    def _least(self) -> tuple[tuple[Candidate, ...], int, Candidate | None]:
+        """The class bound's search, made on first use (planning does not need it): this path's candidates with
+        the joint bounds that can decide the least, the number of paths covered, and the least candidate of the
+        other paths (every path of at most ``MAX_PATH_OPERANDS`` operands)."""
+        if self.atomic is None:
+            return self.candidates, 1, None
+        count = len(self.inputs)
+        others = _other_paths(self.inputs, self.steps[-1].output, self.steps, self.sizes, self.P, self.owned) if (
+            2 < count <= MAX_PATH_OPERANDS) else []
+        raised = _raise_least(list(self.candidates) + others, lambda c, p, q: self.joint(p, q, c))
+        return (raised[:len(self.candidates)], len(contraction_paths(count)) if others else 1,
+                min(raised[len(self.candidates):], key=lambda c: c.parallel_Q, default=None))
+
+    @property
+    def raised(self) -> tuple[Candidate, ...]:
+        """This path's candidates with the joint bounds that can decide the class bound."""
+        return self._least[0]
+
+    @property
+    def paths(self) -> int:
+        """The contraction paths the class bound covers (1: this one only)."""
+        return self._least[1]
+
+    @property
+    def elsewhere(self) -> Candidate | None:
+        """The least candidate of the other paths, if any."""
+        return self._least[2]
+
+    def schedule_bound(self, partition) -> float:
+        """The per-rank bound of one candidate with all its joint bounds (computed on first use), at least
+        ``result_copies``.
+
+        >>> from deinsum.decompose import decompose
+        >>> a = analyze(decompose("ijk,ja,ka->ia", (1724,) * 3, (1724, 42), (1724, 42)), P=8)
+        >>> [round(a.schedule_bound(c.partition)) for c in a.candidates]
+        [81458, 81459]
+        """
+        c = next(c for c in self.candidates if c.partition == partition)
+        done = {(p, q) for p, q, _ in c.joint}
+        c = replace(c, joint=c.joint + tuple((p, q, self.joint(p, q)) for p, q in c.joint_pairs() if (p, q) not in done))
+        return max(self.result_copies, c.parallel_Q)
+
+    def joint(self, producer: tuple[int, ...], consumer: tuple[int, ...], candidate: Candidate | None = None) -> float:
+        """The joint bound of two groups of ``candidate`` (default: of this analysis' path; cached)."""
+        groups = (candidate or self.candidates[0]).groups
+        if candidate is None or not candidate.path:
+            groups = [g for c in self.candidates for g in c.groups]
+        of = {g.steps: g.statement for g in groups}
+        return _joint(of[producer], of[consumer], self.sizes, self.P, self.owned)
 
     @property
     def chosen(self) -> tuple[tuple[int, ...], ...]:
@@ -141,19 +227,47 @@ class Analysis:
 
     @property
     def class_bound(self) -> tuple[float, Candidate] | None:
-        """``(words, candidate)``: the least over fusion candidates of the largest group bound per rank,
-        at least ``result_copies`` (None without sizes and P).
+        """``(words, candidate)``: the least over fusion candidates (of every contraction path where
+        ``paths > 1``) of the largest group or joint bound per rank, at least ``result_copies`` (None
+        without sizes and P).
 
         >>> from deinsum.decompose import decompose
         >>> a = analyze(decompose("ij,jk,kl->il", (300, 20), (20, 200), (200, 30)), P=3)
         >>> words, best = a.class_bound
-        >>> round(words), best.partition, round(a.atomic_words)    # the atomic bound is not below it
-        (400, ((0,), (1,)), 5523)
+        >>> round(words), best.partition, a.paths, round(a.atomic_words)  # the atomic bound is not below it
+        (800, ((0,), (1,)), 3, 5523)
         """
         if self.candidates[0].parallel_Q is None:
             return None
-        words, best = min(((c.parallel_Q, c) for c in self.candidates), key=lambda qc: qc[0])
-        return max(words, self.result_copies), best
+        best = min((*self.raised, *([self.elsewhere] if self.elsewhere else [])), key=lambda c: c.parallel_Q)
+        return max(best.parallel_Q, self.result_copies), best
+
+    def memory_words(self, M: float) -> float:
+        """The memory-dependent bound per rank (words received by the busiest rank) where every rank holds at most
+        ``M`` words at any time and runs its groups one after another: half the least, over this path's
+        candidates, of the sum of the groups' :func:`deinsum.soap.parallel.memory_bound` (words sent plus
+        received; every word sent is received once).
+
+        >>> from deinsum.decompose import decompose
+        >>> a = analyze(decompose("ik,kj->ij", (4096, 4096), (4096, 4096)), P=4096)
+        >>> round(a.memory_words(1.25 * 3 * 4096))
+        72566
+        """
+        moved = {g.steps: memory_bound(g.statement, self.sizes, self.P, M) for c in self.candidates for g in c.groups}
+        return min(sum(moved[g.steps] for g in c.groups) for c in self.candidates) / 2
+
+    @property
+    def covers(self) -> str:
+        """What the class bound covers: every contraction path (at most ``MAX_PATH_OPERANDS`` operands), else
+        opt_einsum's, its steps fused as any connected groups."""
+        if len(self.steps) == 1:
+            return "algorithms that compute this einsum's one step as one statement"
+        if len(self.steps) + 1 <= MAX_PATH_OPERANDS:
+            paths = f"any of the {self.paths} contraction paths (binary trees) of this einsum"
+        else:
+            paths = (f"opt_einsum's contraction path of this einsum (other paths are not covered beyond "
+                     f"{MAX_PATH_OPERANDS} operands)")
+        return f"algorithms that run {paths}, its steps fused as any connected groups"
 
     @property
     def atomic_words(self) -> float | None:
@@ -171,9 +285,10 @@ class Analysis:
         from .report import text
         return text(self)
 
-    def latex(self) -> str:
+    def latex(self, rows=(), notes=()) -> str:
+        """:func:`deinsum.soap.report.latex`: the groups' bounds, with ``rows`` a per-P table, and ``notes``."""
         from .report import latex
-        return latex(self)
+        return latex(self, rows, notes)
 
     def to_dict(self) -> dict:
         from .report import as_dict
@@ -284,7 +399,91 @@ def analyze(decomposition, S: float | None = None, P: int | None = None,
         ranking = f"ranked by the size-aware numeric bound at S = {S:g}"
     equation = getattr(decomposition, "equation", ",".join(steps[0].subscripts) + "->" + steps[-1].output)
     return Analysis(equation, steps, sizes, S, P, sdg(steps), tuple(cands), ranking, atomic, owned or None,
-                    float(result_copies))
+                    float(result_copies), tuple(getattr(decomposition, "input_subscripts", ())))
+
+
+def _raise_least(cands: list[Candidate], joint) -> tuple[Candidate, ...]:
+    """The candidates with their joint bounds (``joint(candidate, producer, consumer)``) added where they can
+    raise the least candidate bound: the least one takes its next joint bound until it has them all."""
+    cands = list(cands)
+    pending = [c.joint_pairs() for c in cands]
+    heap = [(c.parallel_Q, k) for k, c in enumerate(cands)]
+    heapq.heapify(heap)
+    while heap:
+        _, k = heapq.heappop(heap)
+        if not pending[k]:
+            break
+        p, q = pending[k].pop(0)
+        cands[k] = replace(cands[k], joint=cands[k].joint + ((p, q, joint(cands[k], p, q)),))
+        heapq.heappush(heap, (cands[k].parallel_Q, k))
+    return tuple(cands)
+
+
+#: The class bound covers every contraction path of an einsum with at most this many operands (105 trees at
+#: 5); beyond, opt_einsum's path only.
+MAX_PATH_OPERANDS = 5
+
+
+def contraction_paths(count: int) -> list[tuple[tuple[int, int], ...]]:
+    """Every binary contraction tree of ``count`` operands once, as an opt_einsum path (pairs of positions
+    in the list of live operands, each result appended).
+
+    >>> [len(contraction_paths(n)) for n in (2, 3, 4, 5)], contraction_paths(3)
+    ([1, 3, 15, 105], [((0, 1), (0, 1)), ((0, 2), (0, 1)), ((1, 2), (0, 1))])
+    """
+    found: dict[frozenset, tuple] = {}
+
+    def walk(live: list[frozenset], path: tuple, tree: frozenset):
+        if len(live) == 1:
+            found.setdefault(tree, path)
+        for a in range(len(live)):
+            for b in range(a + 1, len(live)):
+                both = live[a] | live[b]
+                walk([x for k, x in enumerate(live) if k not in (a, b)] + [both], path + ((a, b),), tree | {both})
+
+    walk([frozenset([k]) for k in range(count)], (), frozenset())
+    return list(found.values())
+
+
+def _tree(steps) -> frozenset:
+    """The operands under each step of a path: what identifies the path."""
+    under = {}
+    for s in steps:
+        under[s.name] = frozenset().union(*(under.get(o, {o}) for o in s.operands))
+    return frozenset(under.values())
+
+
+def _other_paths(subs, output: str, steps, sizes, P: int, owned) -> list[Candidate]:
+    """The fusion candidates (memory-independent group bounds) of every contraction path but ``steps``'."""
+    from ..decompose import binary_steps
+    mine, bounds, out = _tree(steps), {}, []
+    for path in contraction_paths(len(subs)):
+        other = tuple(binary_steps(subs, output, path))
+        if _tree(other) == mine:
+            continue
+        groups = {}
+        for g in valid_groups(other):
+            st = Statement.from_steps([other[k] for k in g])
+            if (st.terms, st.names) not in bounds:
+                bounds[st.terms, st.names] = independent_bound(st, sizes, P, owned)
+            groups[g] = GroupBound(g, st, None, bounds[st.terms, st.names], 0.0)
+        out += [Candidate(p, tuple(groups[g] for g in p), 0.0, path=other) for p in partitions(other)]
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _joint_cached(producer: Statement, names_p, consumer: Statement, names_c, sizes, P: int, owned) -> float:
+    return joint_bound(Statement(producer.terms, names_p), Statement(consumer.terms, names_c), dict(sizes), P,
+                       dict(owned) if owned else None)
+
+
+def _joint(producer: Statement, consumer: Statement, sizes, P: int, owned) -> float:
+    """:func:`joint_bound`, cached across paths (the same two groups recur in several, their intermediates
+    named apart: only which term is the intermediate and which tensors are held matter)."""
+    held = set(owned or ())
+    canon = lambda st: tuple("T" if n == producer.names[-1] else n if n in held else "" for n in st.names)  # noqa: E731
+    return _joint_cached(producer, canon(producer), consumer, canon(consumer), tuple(sorted(sizes.items())), P,
+                         tuple(sorted(owned.items())) if owned else None)
 
 
 @lru_cache(maxsize=4096)

@@ -21,6 +21,11 @@ def _num(x) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
+def _words(x: float) -> str:
+    """A bound on a count of words as the plan prints it: rounded up, with thousands separators."""
+    return f"{max(0, math.ceil(x)):,}"
+
+
 def _expr(e) -> str:
     return "-" if e is None else str(e)
 
@@ -91,19 +96,32 @@ def text(a) -> str:
     return "\n".join(out)
 
 
+def _path_names(a, c) -> tuple[str, str]:
+    """A candidate's groups by step names, and the path it lies on where that is not the analysis' own."""
+    steps = c.path or a.steps
+    groups = " ".join("[" + "+".join(steps[k].name for k in g) + "]" for g in c.partition)
+    return groups, "; ".join(s.operation for s in c.path)
+
+
 def parallel_text(a) -> list[str]:
     """The per-rank bounds of an analysis with sizes and P: the class bound with the groups of the fusion
     that attains it, and the atomic bound, each with its class (the assumptions: ``PlanBound``)."""
     words, best = a.class_bound
-    rows = [[_group_name(a, g.steps), _num(g.parallel.Q_indep), _num(g.parallel.XP), _num(g.parallel.owned),
-             _tiles(g.parallel.tiles, lambda t: f"{t:.4g}")] for g in best.groups]
-    atomic, copies = a.atomic, (f"; at least the result's copies, {_num(a.result_copies)}" if a.result_copies else "")
-    rows.append(["(atomic)", _num(atomic.Q_indep), _num(atomic.XP), _num(atomic.owned),
+    steps = best.path or a.steps
+    rows = [["+".join(steps[k].name for k in g.steps), _words(g.parallel.Q_indep), _num(g.parallel.XP),
+             _num(g.parallel.owned), _tiles(g.parallel.tiles, lambda t: f"{t:.4g}")] for g in best.groups]
+    atomic, copies = a.atomic, (f"; at least the result's copies, {_words(a.result_copies)}" if a.result_copies else "")
+    rows.append(["(atomic)", _words(atomic.Q_indep), _num(atomic.XP), _num(atomic.owned),
                  _tiles(atomic.tiles, lambda t: f"{t:.4g}")])
+    groups, path = _path_names(a, best)
+    alone = {g.steps: g.parallel.Q_indep for g in best.groups}
+    joint = "".join(f"; {'+'.join(steps[k].name for k in p)} and {'+'.join(steps[k].name for k in q)} jointly "
+                    f"{_words(w)}" for p, q, w in best.joint if w > alone[p] + alone[q])
     return ([f"  per-rank lower bounds on P = {a.P} (words received by the busiest rank, any memory; {a.layout}):",
-             f"    class bound >= {_num(words)}: opt_einsum's path, fused as any candidate (the least, over "
-             f"candidates, of the largest group bound; attained by {_partition_name(a, best.partition)}{copies})",
-             f"    atomic bound >= {_num(a.atomic_words)}: one-statement algorithms only (the whole einsum as one "
+             f"    class bound >= {_words(words)}: {a.covers} (the least, over paths and candidates, of the sum of the "
+             f"group bounds, two groups by their joint bound where more; attained by {groups}"
+             + (f" along the path {path}" if path else "") + f"{joint}{copies})",
+             f"    atomic bound >= {_words(a.atomic_words)}: one-statement algorithms only (the whole einsum as one "
              f"statement{copies})"]
             + _table(["group", "bound", "X_P", "held", "per-rank tile"], rows, "    "))
 
@@ -126,32 +144,83 @@ def _tex(e) -> str:
     return f"${sp.latex(e)}$"
 
 
-def latex(a) -> str:
-    """A booktabs table of the chosen groups, then inline formulas for the text."""
+def _tex_words(x) -> str:
+    """A count of words for a table: a whole number with thin-space thousands, or -- where unknown."""
+    return "--" if x is None else f"${max(0, math.ceil(x)):,}$".replace(",", r"\,")
+
+
+def latex(a, rows=(), notes=()) -> str:
+    r"""A booktabs table of the chosen groups' sequential bounds (closed forms in ``S``; with sizes, the bound at
+    the analysis' S, tiles clamped to the sizes), their total; then, with ``rows``, a per-P table of the per-rank
+    bounds beside deinsum's plan, and ``notes`` (the class, assumptions and what is known) as text.
+
+    ``rows``: mappings with ``P``, ``class``, ``atomic`` and ``plan`` (words; ``plan`` may be None).
+
+    >>> from deinsum.decompose import decompose
+    >>> from deinsum.soap import analyze
+    >>> tex = analyze(decompose("ijk,ja,ka->ia", (1724,) * 3, (1724, 42), (1724, 42)), S=2**20, P=8).latex(
+    ...     [dict(P=8, **{"class": 81459, "atomic": 81459, "plan": 81522})])
+    >>> "t_{a} = 42 = N_{a}" in tex, r"$81\,522$ & $1.001$" in tex
+    (True, True)
+    """
     numeric = a.sizes is not None
-    cols = ["Group", "Statement", r"$\sigma$", r"$X_0$", r"$\rho$", r"$Q \geq$"] + (["$Q$ (sizes)"] if numeric else [])
-    lines = [r"\begin{table}[t]", r"\centering",
-             rf"\caption{{SOAP I/O lower bound of \texttt{{{_tex_text(a.equation)}}}.}}",
+    cols = ["Group", "Statement", r"$\sigma$", r"$X_0$", r"$\rho$", r"$Q \geq$ (closed form)"]
+    cols += [f"$Q$ (sizes, $S = {_tex_count(a.S)}$)"] if numeric else []
+    lines = [r"\begin{table}[t]", r"\centering", r"\small",
+             rf"\caption{{SOAP I/O lower bound of \texttt{{{_tex_text(a.equation)}}} (one rank, fast memory $S$ "
+             rf"words: words moved between it and slow memory).}}",
              r"\begin{tabular}{" + "l" * len(cols) + "}", r"\toprule", " & ".join(cols) + r" \\", r"\midrule"]
+    clamped = False
     for g in a.groups:
         sym = g.symbolic
+        mark = ""
+        if numeric and g.numeric.clamped and sym.has_bound:
+            mark, clamped = r"$^\dagger$", True
         row = [_tex_text(_group_name(a, g.steps)), rf"\texttt{{{_tex_text(g.statement.equation)}}}", _tex(sym.sigma),
-               _tex(g.subs(sym.X0)), _tex(g.subs(sym.rho)), _tex(g.subs(sym.Q))]
+               _tex(sym.X0), _tex(sym.rho), _tex(sym.Q) + mark]
         if numeric:
             row.append(_tex(g.numeric.Q))
         lines.append(" & ".join(row) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
-    total = a.Q if not numeric else sp.Add(*(g.subs(g.symbolic.Q) for g in a.groups if g.symbolic.has_bound))
-    lines.append(rf"Total: $Q \geq {sp.latex(total)}$" + (f" ({_tex(a.Q)} words for the given sizes)." if numeric
-                                                           else "."))
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    text = []                                          # one paragraph each
+    if numeric:
+        text.append(rf"Total over the groups of the chosen fusion (the sum of the last column): $Q \geq$ "
+                    rf"{_tex(float(a.Q))} words at these sizes and $S = {_tex_count(a.S)}$.")
+        if clamped:
+            text.append(r"$^\dagger$The closed form assumes no tile reaches its index's size; here some do (below), "
+                        r"and the last column is the bound.")
+    else:
+        text.append(rf"Total over the groups of the chosen fusion: $Q \geq {sp.latex(a.Q)}$.")
     for g in a.groups:
-        sym = g.symbolic
-        if not sym.has_bound:
-            continue
-        tiles = ", ".join(f"t_{{{v}}} = {sp.latex(g.subs(t))}" for v, t in sym.tiles.items())
-        lines.append(rf"\texttt{{{_tex_text(g.statement.equation)}}}: $\rho = {sp.latex(g.subs(sym.rho))}$, "
-                     rf"$X_0 = {sp.latex(g.subs(sym.X0))}$, ${tiles}$.")
+        if numeric:
+            tiles = ", ".join(f"t_{{{v}}} = {_tex_count(a.sizes[v])} = N_{{{v}}}" if v in g.numeric.clamped else
+                              f"t_{{{v}}} = {_tex_count(g.numeric.tiles[v])}" for v in g.statement.variables)
+            text.append(rf"\texttt{{{_tex_text(g.statement.equation)}}}: tile at $X_0$ (sizes, $S$): ${tiles}$.")
+        elif g.symbolic.has_bound:
+            tiles = ", ".join(f"t_{{{v}}} = {sp.latex(t)}" for v, t in g.symbolic.tiles.items())
+            text.append(rf"\texttt{{{_tex_text(g.statement.equation)}}}: tile at $X_0$: ${tiles}$.")
+    if rows:
+        lines += ["", r"\begin{table}[t]", r"\centering", r"\small",
+                  rf"\caption{{Per-rank lower bounds of \texttt{{{_tex_text(a.equation)}}} and deinsum's plan, in words "
+                  rf"received by the busiest rank.}}",
+                  r"\begin{tabular}{rrrrr}", r"\toprule",
+                  r"$P$ & class bound & atomic bound & plan & plan / class bound \\", r"\midrule"]
+        for r in rows:
+            ratio = "--" if r["plan"] is None or not r["class"] else f"${r['plan'] / r['class']:.3f}$"
+            lines.append(f"${r['P']}$ & {_tex_words(r['class'])} & {_tex_words(r['atomic'])} & "
+                         f"{_tex_words(r['plan'])} & {ratio}" + r" \\")
+        lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    for paragraph in text + [_tex_text(n) for n in notes]:
+        lines += ["", paragraph]
     return "\n".join(lines)
+
+
+def _tex_count(x: float) -> str:
+    """A number in math mode: whole where it is, else 4 significant digits."""
+    if float(x).is_integer():
+        return f"{int(x):,}".replace(",", r"\,")
+    mant, exp = f"{x:.3e}".split("e")
+    return f"{x:.4g}" if abs(int(exp)) < 4 else f"{float(mant):.4g} \\times 10^{{{int(exp)}}}"
 
 
 def _json_num(x):
@@ -179,8 +248,9 @@ def as_dict(a) -> dict:
     per_rank = None if bounds is None else {
         "metric": "words received by the busiest rank, any memory", "layout": a.layout,
         "class_bound_words": bounds[0], "class_bound_partition": [list(g) for g in bounds[1].partition],
-        "class_bound_covers": "opt_einsum's path, fused as any candidate: the least over candidates of the largest "
-                              "group bound",
+        "class_bound_path": [s.operation for s in bounds[1].path] or [s.operation for s in a.steps],
+        "class_bound_covers": a.covers + ": the least over paths and candidates of the sum of the group bounds, two "
+                                         "groups by their joint bound where more",
         "atomic_bound_words": a.atomic_words, "result_copies_words": a.result_copies, "atomic_bound_covers": "one-statement algorithms only"}
     return {"equation": a.equation, "sizes": a.sizes, "S": a.S, "P": a.P, "layout": a.layout, "per_rank": per_rank,
             "sdg": [list(e) for e in a.sdg], "ranking": a.ranking,
