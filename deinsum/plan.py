@@ -85,7 +85,7 @@ class PlanBound:
     """The per-rank lower bounds a plan is held against, in words received by the busiest rank.
 
     ``words``: the class bound (``covers`` says its class), the least over contraction paths and fusion
-    candidates of the sum of group bounds (two groups by their joint bound where more), at least what the
+    candidates of the sum of group bounds (connected groups by their joint bound where more), at least what the
     copies of a replicated result cost;
     ``per_group``: the bound of each group of the chosen plan; ``candidates``:
     ``(partition, bound, modeled words or None)`` of every fusion candidate of the plan's path (joint
@@ -901,7 +901,7 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
     words = _whole(least)
     alone = sum(g.parallel.Q_indep for g in best.groups)
     binding = ("no positive bound" if not words else RESULT_COPIES if words == copies else
-               "the groups' footprints less the shares held" + (", two of them jointly" if best.parallel_Q > alone
+               "the groups' footprints less the shares held" + (", some jointly" if best.parallel_Q > alone
                                                                  else "")
                + (f", along the path {'; '.join(s.operation for s in best.path)}" if best.path else ""))
     last = len(plan.decomposition.steps) - 1

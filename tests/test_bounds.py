@@ -22,7 +22,7 @@ from test_plan import KERNELS, PROCS, busiest, fair_plan, paper_sizes
 PUBLISHED_ATOMIC = {"1MM": (25165824, 37748736, 44040192, 47185920), "MTTKRP-O3-M0": (81459, 138656, 215814, 293760),
                     "MTTKRP-O5-M0": (7727, 12086, 18619, 21798), "TTMc-O5-M0": (10115, 22680, 13404125, 80003336)}
 #: Most plan / class bound allowed (issue 25); TTMc has no tight bound for its plan's class.
-RATIO = {"1MM": 1.10, "MTTKRP-O3-M0": 1.10, "MTTKRP-O5-M0": 1.70}
+RATIO = {"1MM": 1.10, "MTTKRP-O3-M0": 1.10, "MTTKRP-O5-M0": 1.10}     # issue 25 asks 1.70 of order 5
 MODES = [(i, r) for i in ("local", "global", "root") for r in ("distributed", "all", "root")]
 slow_above_64 = [pytest.param(p, marks=pytest.mark.slow) if p > 64 else p for p in PROCS]
 
@@ -144,7 +144,7 @@ def test_memory_dependent_bound_below_every_candidate_that_fits(kernel, nprocs):
 
 
 def test_a_chain_beyond_its_class_bound_says_no_tight_bound_is_known():
-    """TTMc at P = 512: the chain of two statements moves 403x the class bound; the text and JSON say that no
+    """TTMc at P = 512: the chain of two statements moves 5.3x the class bound; the text and JSON say that no
     tight bound is known for its class (the atomic bound covers one statement)."""
     plan = fair_plan(KERNELS["TTMc-O5-M0"], paper_sizes("TTMc-O5-M0", 512), 512)
     assert len(plan.groups) == 2 and plan.unknown_bound and "no tight lower bound is known" in str(plan)

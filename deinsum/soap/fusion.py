@@ -11,8 +11,8 @@ Sequentially a schedule costs the sum of its groups' bounds. On P ranks the
 busiest rank receives at least the sum of its groups' per-rank bounds (each group's
 by averaging; each word belongs to one group: an input's to the group that reads it,
 an intermediate's partial sums to the group that makes it, its complete values to the
-group that reads it), two groups counted by their *joint* bound where that is more (a group and the
-group that reads its result: :func:`deinsum.soap.parallel.joint_bound`), and the
+group that reads it), connected groups counted by their *joint* bound where that is more
+(:func:`deinsum.soap.parallel.joint_bound`), and the
 *class bound* -- every algorithm that runs a contraction path fused as one of its
 candidates -- is the minimum over candidates and over every contraction path of an
 einsum of at most ``MAX_PATH_OPERANDS`` operands (opt_einsum's path beyond). Joint
@@ -30,6 +30,7 @@ model); it does not hold for multi-step algorithms.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Sequence
@@ -90,22 +91,35 @@ class GroupBound:
         return expr.subs(S_SYMBOL, sp.Integer(int(self.S)) if self.S.is_integer() else sp.Float(self.S))
 
 
+def _connected(unit, edges) -> bool:
+    """Whether ``unit`` is connected by ``edges``."""
+    seen, todo = {unit[0]}, [unit[0]]
+    while todo:
+        g = todo.pop()
+        for a, b in edges:
+            for x, y in ((a, b), (b, a)):
+                if x == g and y in unit and y not in seen:
+                    seen.add(y)
+                    todo.append(y)
+    return len(seen) == len(unit)
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """A partition of the steps into groups, with its total bound; ``joint``: ``(producer group,
-    consumer group, words)`` of the joint bounds computed for it (:func:`analyze`); ``path``: see below."""
+    """A partition of the steps into groups, with its total bound; ``joint``: ``(groups, words)`` of the
+    joint bounds computed for it (:func:`analyze`); ``path``: see below."""
 
     partition: tuple[tuple[int, ...], ...]
     groups: tuple[GroupBound, ...]
     cost: float
-    joint: tuple[tuple[tuple[int, ...], tuple[int, ...], float], ...] = ()
+    joint: tuple[tuple[tuple[tuple[int, ...], ...], float], ...] = ()
     path: tuple = ()      # the steps of another contraction path, which ``partition`` groups (empty: the analysis')
 
     @property
     def parallel_Q(self) -> float | None:
         """Per-rank bound of this schedule on P ranks (None without P): the sum of its groups'
-        memory-independent bounds, two groups with a joint bound counted by it instead where that is
-        more (the most over sets of such pairs without a common group).
+        memory-independent bounds, connected groups counted by their joint bound instead where that is more
+        (the most over sets of such units without a common group).
 
         Each group's words are its own (an input's, the result's, an intermediate's partial sums sent by
         the group that makes it, its complete values received by the group that reads it: distinct
@@ -114,24 +128,32 @@ class Candidate:
         if any(g.parallel is None for g in self.groups):
             return None
         alone = {g.steps: g.parallel.Q_indep for g in self.groups}
-        gains = [(p, q, w - alone[p] - alone[q]) for p, q, w in self.joint if w > alone[p] + alone[q]]
+        gains = [(unit, w - sum(alone[g] for g in unit)) for unit, w in self.joint]
+        gains = [(unit, gain) for unit, gain in gains if gain > 0]
         best = 0.0
-        for chosen in range(1 << len(gains)):     # a handful of pairs at most: every set of them
-            pairs = [gains[k] for k in range(len(gains)) if chosen >> k & 1]
-            used = [g for p, q, _ in pairs for g in (p, q)]
+        for chosen in range(1 << len(gains)):     # a handful of units at most: every set of them
+            units = [gains[k] for k in range(len(gains)) if chosen >> k & 1]
+            used = [g for unit, _ in units for g in unit]
             if len(used) == len(set(used)):
-                best = max(best, sum(w for _, _, w in pairs))
+                best = max(best, sum(gain for _, gain in units))
         return sum(alone.values()) + best
 
-    def joint_pairs(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-        """``(producer, consumer)``: two groups with a joint bound, the second reading the first's result.
+    def joint_units(self) -> list[tuple[tuple[int, ...], ...]]:
+        """Sets of two or more groups with a joint bound: connected by the intermediates they pass, largest
+        first.
 
         >>> from deinsum.decompose import decompose
-        >>> [c.joint_pairs() for c in analyze(decompose("ijk,ja,ka->ia")).candidates]
+        >>> [c.joint_units() for c in analyze(decompose("ijk,ja,ka->ia")).candidates]
         [[], [((0,), (1,))]]
         """
-        return [(p.steps, c.steps) for p in self.groups for c in self.groups
-                if p.statement.names[-1] in c.statement.names[:-1]]
+        made = {g.statement.names[-1]: g.steps for g in self.groups}
+        edges = {(made[n], g.steps) for g in self.groups for n in g.statement.names[:-1] if n in made}
+        units = []
+        for chosen in range(1, 1 << len(self.groups)):
+            unit = tuple(g.steps for k, g in enumerate(self.groups) if chosen >> k & 1)
+            if len(unit) > 1 and _connected(unit, edges):
+                units.append(unit)
+        return sorted(units, key=len, reverse=True)   # the largest first: it lifts a candidate most
 
     @property
     def Q(self):
@@ -172,7 +194,7 @@ class Analysis:
         count = len(self.inputs)
         others = _other_paths(self.inputs, self.steps[-1].output, self.steps, self.sizes, self.P, self.owned) if (
             2 < count <= MAX_PATH_OPERANDS) else []
-        raised = _raise_least(list(self.candidates) + others, lambda c, p, q: self.joint(p, q, c))
+        raised = _raise_least(list(self.candidates) + others, lambda c, unit, enough: self.joint(unit, c, enough))
         return (raised[:len(self.candidates)], len(contraction_paths(count)) if others else 1,
                 min(raised[len(self.candidates):], key=lambda c: c.parallel_Q, default=None))
 
@@ -201,17 +223,17 @@ class Analysis:
         [81458, 81459]
         """
         c = next(c for c in self.candidates if c.partition == partition)
-        done = {(p, q) for p, q, _ in c.joint}
-        c = replace(c, joint=c.joint + tuple((p, q, self.joint(p, q)) for p, q in c.joint_pairs() if (p, q) not in done))
-        return max(self.result_copies, c.parallel_Q)
+        return max(self.result_copies, replace(c, joint=tuple((u, self.joint(u)) for u in c.joint_units())).parallel_Q)
 
-    def joint(self, producer: tuple[int, ...], consumer: tuple[int, ...], candidate: Candidate | None = None) -> float:
-        """The joint bound of two groups of ``candidate`` (default: of this analysis' path; cached)."""
+    def joint(self, unit: tuple[tuple[int, ...], ...], candidate: Candidate | None = None,
+              enough: float = math.inf) -> float:
+        """The joint bound of connected groups of ``candidate`` (default: of this analysis' path; cached), or a
+        lower bound of it at least ``enough``."""
         groups = (candidate or self.candidates[0]).groups
         if candidate is None or not candidate.path:
             groups = [g for c in self.candidates for g in c.groups]
         of = {g.steps: g.statement for g in groups}
-        return _joint(of[producer], of[consumer], self.sizes, self.P, self.owned)
+        return _joint(tuple(of[g] for g in unit), self.sizes, self.P, self.owned, enough)
 
     @property
     def chosen(self) -> tuple[tuple[int, ...], ...]:
@@ -403,18 +425,23 @@ def analyze(decomposition, S: float | None = None, P: int | None = None,
 
 
 def _raise_least(cands: list[Candidate], joint) -> tuple[Candidate, ...]:
-    """The candidates with their joint bounds (``joint(candidate, producer, consumer)``) added where they can
-    raise the least candidate bound: the least one takes its next joint bound until it has them all."""
+    """The candidates with their joint bounds (``joint(candidate, unit, enough)``) added where they can raise
+    the least candidate bound: the least one takes its next joint bound until it has them all. A joint bound
+    is searched only until it passes the least bound of a candidate that has all of its (``enough``): then
+    the candidate it raises cannot be the least."""
     cands = list(cands)
-    pending = [c.joint_pairs() for c in cands]
+    pending = [c.joint_units() for c in cands]
     heap = [(c.parallel_Q, k) for k, c in enumerate(cands)]
     heapq.heapify(heap)
+    enough = min((c.parallel_Q for c, units in zip(cands, pending) if not units), default=math.inf)
     while heap:
         _, k = heapq.heappop(heap)
         if not pending[k]:
             break
-        p, q = pending[k].pop(0)
-        cands[k] = replace(cands[k], joint=cands[k].joint + ((p, q, joint(cands[k], p, q)),))
+        unit = pending[k].pop(0)
+        cands[k] = replace(cands[k], joint=cands[k].joint + ((unit, joint(cands[k], unit, enough)),))
+        if not pending[k]:
+            enough = min(enough, cands[k].parallel_Q)
         heapq.heappush(heap, (cands[k].parallel_Q, k))
     return tuple(cands)
 
@@ -472,18 +499,18 @@ def _other_paths(subs, output: str, steps, sizes, P: int, owned) -> list[Candida
 
 
 @lru_cache(maxsize=4096)
-def _joint_cached(producer: Statement, names_p, consumer: Statement, names_c, sizes, P: int, owned) -> float:
-    return joint_bound(Statement(producer.terms, names_p), Statement(consumer.terms, names_c), dict(sizes), P,
-                       dict(owned) if owned else None)
+def _joint_cached(groups, sizes, P: int, owned, enough: float) -> float:
+    return joint_bound([Statement(*g) for g in groups], dict(sizes), P, dict(owned) if owned else None, enough)
 
 
-def _joint(producer: Statement, consumer: Statement, sizes, P: int, owned) -> float:
-    """:func:`joint_bound`, cached across paths (the same two groups recur in several, their intermediates
-    named apart: only which term is the intermediate and which tensors are held matter)."""
+def _joint(groups: tuple[Statement, ...], sizes, P: int, owned, enough: float = math.inf) -> float:
+    """:func:`joint_bound`, cached across paths (the same groups recur in several, their intermediates named
+    apart: only which terms are the intermediates and which tensors are held matter)."""
     held = set(owned or ())
-    canon = lambda st: tuple("T" if n == producer.names[-1] else n if n in held else "" for n in st.names)  # noqa: E731
-    return _joint_cached(producer, canon(producer), consumer, canon(consumer), tuple(sorted(sizes.items())), P,
-                         tuple(sorted(owned.items())) if owned else None)
+    made = {g.names[-1]: f"T{k}" for k, g in enumerate(groups)}
+    canon = lambda st: (st.terms, tuple(made.get(n, n if n in held else "") for n in st.names))  # noqa: E731
+    return _joint_cached(tuple(canon(g) for g in groups), tuple(sorted(sizes.items())), P,
+                         tuple(sorted(owned.items())) if owned else None, enough)
 
 
 @lru_cache(maxsize=4096)

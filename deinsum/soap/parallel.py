@@ -6,22 +6,23 @@
   ``P X_P - sum_T (words of T held at the start or end, over all ranks)``, so the busiest rank
   receives at least ``X_P - owned`` with ``owned = sum_T own(T)`` and ``own(T)`` the average share
   per rank: ``|T|/P`` for one copy (the default), ``|T|`` for a tensor on every rank.
-* joint (:func:`joint_bound`): a group ``p`` makes the intermediate ``T`` that a group ``c`` reads.
-  A rank's iterations of ``c`` need each element of ``T`` they read complete there: it receives a
-  word for it (a complete value, or a partial sum to complete it) unless it computed all of the
-  element's iterations of ``p`` itself (no recomputation, no partial sums consumed). Those iterations
-  of ``p``, with the rank's iterations of ``c`` that read such elements, form a set ``Q`` of points of
-  the fused statement ``p + c`` (``N_s`` points of ``p`` per element, ``N_s``: the sizes of the indices
-  ``p`` sums); the rank touches at least ``Q``'s footprint on every term of ``p`` and ``c`` but ``T``,
-  and receives at least ``(|D| - |Q|/N_s)/R`` words of ``T`` (``|D| >= floor(|V_c|/P)`` iterations of
-  ``c``, ``R``: the sizes of ``c``'s indices not in ``T``), with ``|Q| <= min(N_s ceil(|V_c|/P),
-  R ceil(|V_p|/P))``. Summed over ranks, each tensor's words are at least its footprints less the
-  words held and at least 0, so for every weight ``theta_U`` in [0, 1] per term the busiest rank
-  receives at least the least over ``|Q|`` of ``sum_U theta_U |pi_U(Q)| + (words of T)`` less
-  ``sum_U theta_U own(U)``: a weighted footprint of the fused statement (convex in ``log |Q|``: a
-  tangent at the largest ``|Q|`` covers the smaller ones). Small weights on a term a rank may hold more
-  of than it uses (the big tensor) keep the fused bound: KRP then TDOT, or X A then B, cost what fused
-  MTTKRP costs.
+* joint (:func:`joint_bound`): connected groups, each but the top one making an intermediate another
+  reads. A rank's iterations of a group need each intermediate element they read complete there: it
+  receives a word for it (a complete value, or a partial sum to complete it) unless it computed all of
+  the element's iterations itself (no recomputation, no partial sums consumed across groups). The
+  points of the groups' fused statement whose intermediates a rank made itself form a set ``Q``; the
+  rank touches at least ``Q``'s footprint on every term of the fused statement (the groups' reads from
+  outside and the top group's result), and each intermediate element it receives removes at most
+  ``K = max_T |fused space| / |T|`` points from ``Q``, so it receives at least
+  ``(N_s |D| - |Q|) / K`` such words (``|D| >= floor(|V_top|/P)`` iterations of the top group, ``N_s``
+  fused points per iteration of it), with ``|Q| <= min_g (|fused space| / |V_g|) ceil(|V_g|/P)``.
+  Summed over ranks, each tensor's words are at least its footprints less the words held and at least 0,
+  so for every weight ``theta_U`` in [0, 1] per term the busiest rank receives at least the least over
+  ``|Q|`` of ``sum_U theta_U |pi_U(Q)| + (words of the intermediates)`` less ``sum_U theta_U own(U)``: a
+  weighted footprint of the fused statement (convex in ``log |Q|``: a tangent at the largest ``|Q|``
+  covers the smaller ones). Small weights on a term a rank may hold more of than it uses (the big
+  tensor) keep the fused bound: KRP then TDOT, X A then B, or order-5 MTTKRP in four steps cost what the
+  fused statement costs.
 * memory-dependent (:func:`memory_bound`, segment argument): a rank that holds at most ``M`` words at
   any time and computes ``n = floor(|V|/P)`` iterations of a statement, cut into segments in each of
   which it sends and receives ``S`` words, touches in a segment at most ``2M + S`` words (those in
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from ..errors import DeinsumError
 import numpy as np
@@ -145,41 +146,49 @@ JOINT_STEPS = 12
 GOLDEN = (math.sqrt(5) - 1) / 2
 
 
-def joint_bound(producer: Statement, consumer: Statement, sizes: Mapping[str, int], P: int,
-                owned: Mapping[str, float] | None = None) -> float:
-    """Words the busiest rank receives at least in the moves of two groups, ``producer`` making the
-    intermediate that ``consumer`` reads, each balanced over the P ranks (module doc). ``owned`` as in
-    :func:`parallel_bound` (the intermediate itself is never held).
+def joint_bound(groups: Sequence[Statement], sizes: Mapping[str, int], P: int,
+                owned: Mapping[str, float] | None = None, enough: float = math.inf) -> float:
+    """Words the busiest rank receives at least in the moves of connected ``groups`` (each but one making an
+    intermediate another reads), each balanced over the P ranks (module doc: ``Q`` holds the points of
+    their fused statement whose intermediates a rank makes itself). ``owned`` as in :func:`parallel_bound`
+    (intermediates between the groups are never held). The search stops once the bound reaches ``enough``.
 
     KRP then TDOT of MTTKRP (1724^3 x 42, P = 8): the groups alone bound 0 and 63,357 words, both together
     what the fused statement bounds, 81,459.
 
     >>> krp, tdot = Statement(("ja", "ka", "jka"), ("in1", "in2", "t0")), Statement(("ijk", "jka", "ia"),
     ...                                                                      ("in0", "t0", "out"))
-    >>> round(joint_bound(krp, tdot, dict(i=1724, j=1724, k=1724, a=42), 8))
+    >>> round(joint_bound([krp, tdot], dict(i=1724, j=1724, k=1724, a=42), 8))
     81459
     """
     P = check_ranks(P)
-    made, name = producer.output, producer.names[-1]
-    if name not in consumer.names[:-1]:
-        raise DeinsumError(f"{producer.equation} -> {consumer.equation}: the second group does not read the first's "
-                           f"result")
-    sizes = {**check_sizes(producer, sizes), **check_sizes(consumer, sizes)}
-    if is_trivial(producer, sizes) or is_trivial(consumer, sizes):
+    groups = tuple(groups)
+    made = {g.names[-1]: g for g in groups}
+    read = {n for g in groups for n in g.names[:-1]}
+    tops = [g for n, g in made.items() if n not in read]
+    if len(groups) < 2 or len(tops) != 1 or any(n not in read for n in made if made[n] is not tops[0]):
+        raise DeinsumError(f"{'; '.join(g.equation for g in groups)}: a joint bound needs connected groups, all "
+                           f"but one read by another")
+    top = tops[0]
+    for st in groups:
+        sizes = {**sizes, **check_sizes(st, sizes)}
+    if any(is_trivial(st, sizes) for st in groups):
         return 0.0
-    points = consumer.iteration_space(sizes) // P
-    summed = math.prod(sizes[v] for v in producer.variables if v not in made)
-    rest = math.prod(sizes[v] for v in consumer.variables if v not in made)
-    most = min(summed * -(-consumer.iteration_space(sizes) // P), rest * -(-producer.iteration_space(sizes) // P))
-    named = [(n, t) for n, t in zip(producer.names[:-1] + consumer.names, producer.inputs + consumer.terms) if n != name]
+    variables = "".join(dict.fromkeys("".join(g.variables for g in groups)))
+    fused = math.prod(sizes[v] for v in variables)
+    points = top.iteration_space(sizes) // P
+    summed = fused // top.iteration_space(sizes)          # points of Q per iteration of the top group
+    kill = max(fused // top.term_size(g.output, sizes) for g in groups if g is not top)   # per element received
+    most = min(fused // g.iteration_space(sizes) * -(-g.iteration_space(sizes) // P) for g in groups)
+    named = [(n, t) for g in groups for n, t in zip(g.names[:-1], g.inputs) if n not in made]
+    named += [(top.names[-1], top.output)]
     terms = tuple(t for _, t in named)
-    own = np.array([min(float((owned or {}).get(n, producer.term_size(t, sizes) / P)), producer.term_size(t, sizes))
+    own = np.array([min(float((owned or {}).get(n, top.term_size(t, sizes) / P)), top.term_size(t, sizes))
                     for n, t in named])
-    variables = "".join(dict.fromkeys(producer.variables + consumer.variables))
 
     def words(q: float) -> float:
-        """The intermediate's words a rank receives at least where ``q`` fused points are its own."""
-        return max(0.0, (points - q / summed) / rest)
+        """The intermediates' words a rank receives at least where ``q`` fused points are its own."""
+        return max(0.0, (summed * points - q) / kill)
 
     def value(theta: np.ndarray) -> tuple[float, np.ndarray]:
         """The bound at weights ``theta`` and the terms' sizes at the largest ``|Q|``."""
@@ -189,7 +198,7 @@ def joint_bound(producer: Statement, consumer: Statement, sizes: Mapping[str, in
         ends = [most, 0.0]                 # the least of the convex tangent bound plus words(q) is at an end
         if slope > 0:                      # of a piece: where the tangent or words(q) reaches 0
             ends.append(math.exp(low - top / slope))
-        ends.append(summed * points)
+        ends.append(summed * points)         # (where words(q) reaches 0)
         least = min(max(0.0, top + slope * (math.log(q) - low)) + words(q) if q > 0 else words(0.0)
                     for q in ends if q <= most)
         return least - float(theta @ own), np.array([at[t] for t in terms])
@@ -198,7 +207,9 @@ def joint_bound(producer: Statement, consumer: Statement, sizes: Mapping[str, in
     best, at = value(theta)
     held = [k for k in range(len(terms)) if at[k] <= own[k] * (1 + 1e-6)]   # terms a rank may hold more of
     for k in sorted(held, key=lambda n: -own[n]):     # than it uses: a smaller weight (golden section: the
-        lo, hi = math.log(1e-12), 0.0                  # bound is concave in each weight)
+        if best >= enough:                             # bound is concave in each weight)
+            break
+        lo, hi = math.log(1e-12), 0.0
 
         def at_weight(x: float) -> float:
             trial = theta.copy()
@@ -208,6 +219,8 @@ def joint_bound(producer: Statement, consumer: Statement, sizes: Mapping[str, in
         c, d = hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo)
         fc, fd = at_weight(c), at_weight(d)
         for _ in range(JOINT_STEPS):
+            if max(best, fc, fd) >= enough:
+                break
             if fc >= fd:
                 hi, d, fd = d, c, fc
                 c = hi - GOLDEN * (hi - lo)

@@ -115,11 +115,12 @@ def parallel_text(a) -> list[str]:
                  _tiles(atomic.tiles, lambda t: f"{t:.4g}")])
     groups, path = _path_names(a, best)
     alone = {g.steps: g.parallel.Q_indep for g in best.groups}
-    joint = "".join(f"; {'+'.join(steps[k].name for k in p)} and {'+'.join(steps[k].name for k in q)} jointly "
-                    f"{_words(w)}" for p, q, w in best.joint if w > alone[p] + alone[q])
+    name = lambda g: "+".join(steps[k].name for k in g)  # noqa: E731
+    joint = "".join(f"; {', '.join(name(g) for g in unit)} jointly {_words(w)}" for unit, w in best.joint
+                    if w > sum(alone[g] for g in unit))
     return ([f"  per-rank lower bounds on P = {a.P} (words received by the busiest rank, any memory; {a.layout}):",
              f"    class bound >= {_words(words)}: {a.covers} (the least, over paths and candidates, of the sum of the "
-             f"group bounds, two groups by their joint bound where more; attained by {groups}"
+             f"group bounds, connected groups by their joint bound where more; attained by {groups}"
              + (f" along the path {path}" if path else "") + f"{joint}{copies})",
              f"    atomic bound >= {_words(a.atomic_words)}: one-statement algorithms only (the whole einsum as one "
              f"statement{copies})"]
@@ -249,8 +250,8 @@ def as_dict(a) -> dict:
         "metric": "words received by the busiest rank, any memory", "layout": a.layout,
         "class_bound_words": bounds[0], "class_bound_partition": [list(g) for g in bounds[1].partition],
         "class_bound_path": [s.operation for s in bounds[1].path] or [s.operation for s in a.steps],
-        "class_bound_covers": a.covers + ": the least over paths and candidates of the sum of the group bounds, two "
-                                         "groups by their joint bound where more",
+        "class_bound_covers": a.covers + ": the least over paths and candidates of the sum of the group bounds, "
+                                         "connected groups by their joint bound where more",
         "atomic_bound_words": a.atomic_words, "result_copies_words": a.result_copies, "atomic_bound_covers": "one-statement algorithms only"}
     return {"equation": a.equation, "sizes": a.sizes, "S": a.S, "P": a.P, "layout": a.layout, "per_rank": per_rank,
             "sdg": [list(e) for e in a.sdg], "ranking": a.ranking,
