@@ -445,6 +445,18 @@ def _home(layout: Layout) -> Layout:
     return Layout(layout.shape, layout.grid, layout.axes).spread()
 
 
+def _exit_phase(made: Layout, finish: Layout | None, nprocs: int) -> str:
+    """The timer of the move that takes the result from where it is made to where it ends: a gather onto fewer
+    ranks than all, a reduction of partial sums, else a redistribution.
+
+    >>> _exit_phase(Layout((4,), (2,), (None,), (0,)), None, 2)
+    'reduce'
+    """
+    if finish is not None and finish.nranks < nprocs:
+        return "gather"
+    return "reduce" if made.partial else "redistribute"
+
+
 def _even_diagonal(shape: tuple[int, ...], sub: str, nprocs: int) -> Layout:
     """:meth:`Layout.even` for an operand ``sub`` that may repeat an index: the repeated index split along its
     first axis only, so that each rank's block holds the diagonal of its range (no move to align it).
@@ -703,9 +715,8 @@ class _Planner:
             entry["out"] = final
             if exit_move:
                 received += self.words(produced, final, ranks)
-                phase = "gather" if self.finish is not None and self.finish.nranks < self.nprocs else (
-                    "reduce" if produced.partial else "redistribute")
-                items.append(("move", Move("out", phase, produced, final, self.nprocs, number, parts=parts)))
+                items.append(("move", Move("out", _exit_phase(produced, self.finish, self.nprocs), produced, final,
+                                           self.nprocs, number, parts=parts)))
         elif produced.partial:
             pending += self.words(produced, self.home(produced), ranks)
         over = max(state.over, int(peak.max(initial=0)) - self.budget)
@@ -855,9 +866,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     if not d.steps:  # a single operand: its pre-pass makes the result, then it goes where it ends
         made = starts["in0"]
         final = finish or _home(made)
-        phase = "gather" if finish is not None and finish.nranks < nprocs else "reduce" if made.partial else (
-            "redistribute")
-        schedule = () if _holds_blocks(made, final, nprocs) else (Move("out", phase, made, final, nprocs),)
+        schedule = () if _holds_blocks(made, final, nprocs) else (
+            Move("out", _exit_phase(made, finish, nprocs), made, final, nprocs),)
         return Plan(d, nprocs, dtype, memory, inputs, result, analysis, (), (raw["in0"],), final,
                     tuple(prepass) + schedule, tuple(sorted(pins)), memory_default=memory_default)
 
