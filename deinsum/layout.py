@@ -96,20 +96,21 @@ def nested_bounds(n: int, parts: tuple[int, ...]) -> tuple[int, ...]:
     return (*np.broadcast_to(starts, (count,)).tolist(), n)
 
 
-def balanced_split(shape: Sequence[int], parts: int) -> tuple[int, ...]:
+def balanced_split(shape: Sequence[int], parts: int, cubic: bool = True) -> tuple[int, ...]:
     """The factorisation of ``parts`` over the axes of ``shape`` with the smallest largest block.
 
     Ties go to the larger smallest block, then to the most cube-like block
-    (least sum of extents), then to splitting leading axes more.
+    (least sum of extents; not with ``cubic`` False), then to splitting leading
+    axes more (blocks contiguous in C order where they can be).
 
-    >>> balanced_split((5, 10), 4), balanced_split((3, 4), 7)
-    ((2, 2), (1, 7))
+    >>> balanced_split((5, 10), 4), balanced_split((3, 4), 7), balanced_split((8, 8), 4, cubic=False)
+    ((2, 2), (1, 7), (4, 1))
     """
-    return _balanced_split(tuple(int(n) for n in shape), int(parts))
+    return _balanced_split(tuple(int(n) for n in shape), int(parts), bool(cubic))
 
 
 @lru_cache(maxsize=4096)
-def _balanced_split(shape: tuple[int, ...], parts: int) -> tuple[int, ...]:
+def _balanced_split(shape: tuple[int, ...], parts: int, cubic: bool) -> tuple[int, ...]:
     rows = factorisations(parts, len(shape))
     if rows.shape[0] == 0:
         raise DeinsumError(f"cannot split a 0-d tensor into {parts} parts")
@@ -118,7 +119,7 @@ def _balanced_split(shape: tuple[int, ...], parts: int) -> tuple[int, ...]:
     largest = np.prod(extents, axis=1)
     smallest = np.prod(n // rows, axis=1)
     order = np.lexsort(tuple(-rows[:, x] for x in reversed(range(len(shape))))
-                       + (extents.sum(axis=1), -smallest, largest))
+                       + (extents.sum(axis=1),) * cubic + (-smallest, largest))
     return tuple(int(p) for p in rows[order[0]])
 
 

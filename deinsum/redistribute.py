@@ -28,23 +28,26 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from .layout import Layout, balanced_split
-from .tables import (COLLECTIVES, Holdings, check_pair, check_rank, check_rounds, collectives, holdings,
-                     native_reduction, phases, rank_tables, reduction_words, scattered)
+from .tables import (COLLECTIVES, Holdings, check_pair, check_rank, check_rounds, collectives, everywhere, holdings,
+                     native_reduction, phases, rank_tables, reduction_words, scattered, strided_gather)
 
 __all__ = ["Redistribution", "plan_redistribution", "reduce_split", "received_words", "sent_words",
            "via_scatter", "sample_ranks", "scatter_split"]
 
 
-def scatter_split(layout: Layout) -> tuple[int, ...]:
+def scatter_split(layout: Layout, gathered: bool = False) -> tuple[int, ...]:
     """How a reduce-scatter of partial ``layout`` cuts every block: :func:`balanced_split` of the
-    number of summands over the largest block (C order of the summand index).
+    number of summands over the largest block (C order of the summand index); where the pieces are then
+    ``gathered`` on every rank (where any cut moves the same words), into pieces contiguous in C order
+    where they can be (MPI gathers those without packing).
 
-    >>> scatter_split(Layout((8, 6), grid=(2, 4), axes=(None, 1), partial=(0,)))   # blocks 8 x 2, two summands
-    (2, 1)
+    >>> partial = Layout((8, 6), grid=(2, 4), axes=(None, 1), partial=(0,))   # blocks 8 x 2, two summands
+    >>> scatter_split(partial), scatter_split(Layout((8, 8), (4,), (None, None), (0,)), gathered=True)
+    ((2, 1), (4, 1))
     """
     largest = tuple(max(b[j + 1] - b[j] for j in range(len(b) - 1)) for b in
                     (layout.axis_bounds(x) for x in range(len(layout.shape))))
-    return balanced_split(largest, layout.n_summands)
+    return balanced_split(largest, layout.n_summands, cubic=not gathered)
 
 
 def _direct_words(src: Holdings, dst: Holdings) -> np.ndarray:
@@ -71,7 +74,8 @@ def via_scatter(src: Layout, dst: Layout, nprocs: int) -> bool:
     if src.n_summands == 1 or not src.shape:
         return False
     ranks = sample_ranks(nprocs)
-    start, end, middle = holdings(src, ranks), holdings(dst, ranks), scattered(src, ranks, scatter_split(src))
+    split = scatter_split(src, everywhere(dst, nprocs))
+    start, end, middle = holdings(src, ranks), holdings(dst, ranks), scattered(src, ranks, split)
     words = _direct(src, dst, nprocs, ranks, start, end)
     via = _direct_words(start, middle) + _direct_words(middle, end)
     return bool((via.max(), via.sum()) < (words.max(), words.sum()))
@@ -85,7 +89,7 @@ def reduce_split(src: Layout, dst: Layout, nprocs: int) -> tuple[int, ...] | Non
     >>> reduce_split(Layout((8,), grid=(1, 4), axes=(0,), partial=(1,)), Layout((8,), grid=(1, 4), axes=(0,)), 4)
     (4,)
     """
-    return scatter_split(src) if via_scatter(src, dst, nprocs) else None
+    return scatter_split(src, everywhere(dst, nprocs)) if via_scatter(src, dst, nprocs) else None
 
 
 def received_words(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray | None = None) -> np.ndarray:
@@ -196,6 +200,11 @@ class Redistribution:
     def collectives(self) -> tuple:
         """The native collective of each phase, or None (:func:`collectives`)."""
         return collectives(self.src, self.dst, self.nprocs, self.split, self.rounds)
+
+    @cached_property
+    def strided_gather(self) -> bool:
+        """Whether its all-gather lands blocks through a buffer of the whole tensor (:func:`strided_gather`)."""
+        return self.rounds is None and strided_gather(self.src, self.dst, self.nprocs, self.split)
 
     def table(self, rank: int) -> tuple:
         """``rank``'s tables (:func:`rank_tables`)."""

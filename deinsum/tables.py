@@ -197,6 +197,25 @@ def collectives(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | 
     return ("allgather" if gather else None,)
 
 
+def contiguous(subsizes, shape) -> bool:
+    """Whether a box of ``subsizes`` in an array of ``shape`` is one run of elements in C order.
+
+    >>> contiguous((2, 8), (4, 8)), contiguous((4, 2), (4, 8)), contiguous((1, 3, 8), (2, 4, 8))
+    (True, False, True)
+    """
+    lead = next((k for k, n in enumerate(subsizes) if n != 1), len(subsizes))
+    return tuple(subsizes[lead + 1:]) == tuple(shape[lead + 1:])
+
+
+def strided_gather(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | None = None) -> bool:
+    """Whether the move's last phase all-gathers blocks that are not :func:`contiguous`: ``Collective`` lands
+    those in a buffer of the whole tensor, then copies them in place (faster than MPI's strided types)."""
+    if collectives(src, dst, nprocs, split)[-1] != "allgather":
+        return False
+    held = phases(src, dst, nprocs, split)[-1][0]
+    return not contiguous(tuple((held.hi - held.lo)[held.held][0].tolist()), src.shape)
+
+
 def native(table: tuple) -> bool:
     """Whether one phase's table (of :func:`rank_tables`) is a native collective's (it names the collective
     where an ``Alltoallw``'s has its sends; both begin ``in_held, in_shape, out_held, out_shape``)."""

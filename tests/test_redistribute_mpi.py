@@ -86,6 +86,14 @@ for s, shape in enumerate(SHAPES):
         picked = run(plan_redistribution(Layout.replicated(shape, P), grids[1], P), x, dtype, "slice")
         assert grids[1].block(rank) is None or same(picked, x[grids[1].block(rank)])
 
+# 1b. all-gathers of column blocks (strided: through one buffer) and of row blocks (in place)
+for axis in (0, 1) if P > 1 else ():
+    shape = (3, 2 * P) if axis else (2 * P, 3)
+    move = plan_redistribution(Layout(shape, (P,), (None, 0) if axis else (0, None)), Layout.replicated(shape, P), P)
+    assert move.collectives == ("allgather",) and move.strided_gather == (axis == 1), move
+    x = sample(shape, np.float64, seed=axis)
+    assert same(run(move, x[move.src.block(rank)], np.float64, "allgather"), x)
+
 # 2. partial sums: summand k holds (k+1) * block; reduce into an even layout and onto the root
 for shape in [(7, 3), (5,), (2, 1, 4)]:
     x = np.arange(1, math.prod(shape) + 1).reshape(shape)
@@ -95,7 +103,8 @@ for shape in [(7, 3), (5,), (2, 1, 4)]:
         expect = x * (grid[1] * (grid[1] + 1) // 2)
         for dtype in (np.int64, np.float64, np.complex64):
             local = None if partial.block(rank) is None else (x[partial.block(rank)] * (k + 1)).astype(dtype)
-            for dst in (Layout.even(shape, P), Layout(shape, grid, partial.axes), Layout.on_root(shape, P)):
+            for dst in (Layout.even(shape, P), Layout(shape, grid, partial.axes), Layout.on_root(shape, P),
+                        Layout.replicated(shape, P)):
                 block = run(plan_redistribution(partial, dst, P), local, dtype, "reduce")
                 assert dst.block(rank) is None or np.array_equal(block, expect[dst.block(rank)].astype(dtype))
 

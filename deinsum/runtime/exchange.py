@@ -29,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from ..tables import native
+from ..tables import contiguous, native
 
 
 class ByteLog:
@@ -233,15 +233,21 @@ class Collective(_Step):
         self.pieces = sorted((peer, starts, subsizes) for peer, (_, starts, subsizes) in zip(peers, pieces))
         if MPI.UNDEFINED in peers or self.kind == "reduce_scatter" and len(self.pieces) != comm.Get_size():
             raise ValueError(f"rank {comm.Get_rank()}: a {self.kind} whose ranks are not its communicator's")
-        if self.kind == "allgather":
+        if self.kind == "allgather":   # contiguous blocks land in place, others in one buffer first
             self.counts, self.displs = [0] * comm.Get_size(), [0] * comm.Get_size()
-            for peer, starts, _ in self.pieces:   # (element offsets in the C-ordered output)
-                self.counts[peer] = 1
-                self.displs[peer] = sum(a * math.prod(self.out_shape[k + 1:]) for k, a in enumerate(starts))
-            box = element.Create_subarray(list(self.out_shape), list(self.pieces[0][2]), [0] * len(self.out_shape),
-                                          order=MPI.ORDER_C)
-            self.datatypes.append(box.Create_resized(0, element.Get_extent()[1]).Commit())
-            box.Free()
+            self.staged = not contiguous(self.pieces[0][2], self.out_shape)
+            size = math.prod(self.pieces[0][2])
+            for k, (peer, starts, _) in enumerate(self.pieces):   # (element offsets)
+                self.counts[peer] = size if self.staged else 1
+                self.displs[peer] = k * size if self.staged else _offset(starts, self.out_shape)
+            if not self.staged:
+                box = element.Create_subarray(list(self.out_shape), list(self.pieces[0][2]),
+                                              [0] * len(self.out_shape), order=MPI.ORDER_C)
+                self.datatypes.append(box.Create_resized(0, element.Get_extent()[1]).Commit())
+                box.Free()
+        offsets = [_offset(s, self.in_shape) for _, s, _ in self.pieces] if self.kind == "reduce_scatter" else [1, 0]
+        self.in_order = offsets == sorted(offsets) and all(   # the pieces tile the block in order: no copy to send
+            contiguous(z, self.in_shape) for _, _, z in self.pieces)
 
     def __call__(self, block):
         rank = self.comm.Get_rank()
@@ -260,9 +266,14 @@ class Collective(_Step):
                 self.comm.Reduce(send.reshape(-1), None if out is None else out.reshape(-1), root=0)
         elif self.kind == "allgather":
             send = [block, block.size, self.element] if self.counts[rank] else [out, 0, self.element]
-            self.comm.Allgatherv(send, [out, (self.counts, self.displs), self.datatypes[0]])
+            land = np.empty(sum(self.counts), dtype=self.dtype) if self.staged else out
+            self.comm.Allgatherv(send, [land, (self.counts, self.displs), self.datatypes[0] if self.datatypes else
+                                        self.element])
+            for peer, s, z in self.pieces if self.staged else ():
+                out[_slices(s, z)] = land[self.displs[peer]:self.displs[peer] + self.counts[peer]].reshape(z)
         else:
-            send = np.concatenate([block[_slices(s, z)].reshape(-1) for _, s, z in self.pieces])
+            send = block.reshape(-1) if self.in_order else np.concatenate(
+                [block[_slices(s, z)].reshape(-1) for _, s, z in self.pieces])
             out = out.reshape(-1)
             self.comm.Reduce_scatter(send, out, [math.prod(z) for _, _, z in self.pieces], op=MPI.SUM)
             out = out.reshape(self.out_shape)
@@ -327,6 +338,11 @@ def exchange(comm, table, local, dtype, log=None, label=""):
     if log is not None:
         log.add(label, sent, received)
     return block
+
+
+def _offset(starts, shape):
+    """The C-order element offset of ``starts`` in an array of ``shape``."""
+    return sum(a * math.prod(shape[k + 1:]) for k, a in enumerate(starts))
 
 
 def _slices(starts, subsizes):
