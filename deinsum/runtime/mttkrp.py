@@ -55,10 +55,11 @@ def strategy(subs, out, sizes, mkl, itemsize, stream):
     for (s, e, orient), on_mkl in itertools.product(_variants(len(sx), axes), (False, True)[:1 + mkl]):
         a, k, b = math.prod(dims[:s]), math.prod(dims[s:e]), math.prod(dims[e:])
         rest = math.prod(dims[q] for q in axes if not s <= q < e)
-        extra = (2 * k + a * b + rest) * nr       # Khatri-Rao (and its last partial), T, rest's KRP
-        if stream and _fusion(dims, s, e, orient, [q for q in axes if not s <= q < e], nr):
-            extra = (2 * k + rest + a * b // rest) * nr      # no T: the fused pass's scratch is one result
-        block = nr if extra <= budget else max(1, int(nr * budget // extra))
+        extra, width = (2 * k + a * b + rest) * nr, nr      # Khatri-Rao (and its last partial), T, rest's KRP
+        narrow = -(-nr // -(-nr // blas._STREAM_NARROW))       # rank columns in even blocks a fused pass takes
+        if stream and _fusion(dims, s, e, orient, [q for q in axes if not s <= q < e], narrow):
+            extra, width = (2 * k + rest + a * b // rest) * nr, narrow   # no T: the scratch is one result
+        block = width if extra <= budget else max(1, int(width * budget // extra))
         seconds = _seconds(dims, axes, nr, (s, e, orient, block, on_mkl), itemsize, stream)
         if best is None or seconds < best[0]:
             best = (seconds, s, e, orient, block, on_mkl)
