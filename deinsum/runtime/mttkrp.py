@@ -3,11 +3,10 @@
 STANDALONE: numpy, the standard library and the sibling runtime modules. Full or partial MTTKRP (any
 modes, factors in either orientation): GEMMs on views of X (no copy of X) against the Khatri-Rao product
 of one contiguous run of modes, then a Hadamard-sum over the other factored modes (both in one pass of the
-streaming kernels where those modes lead X, or sit between leading free modes and the GEMM's); rank
-columns in blocks where the temporaries would exceed half of the inputs plus output (and 2**16 elements);
-where X already holds the rank index, one Hadamard-sum pass. The variant (run of modes, orientation,
-library) is the one with the lowest modeled cost (``cost.py``: the MTTKRP GEMMs' fit of the library each
-runs on).
+streaming kernels where those modes lead X or follow the free ones); rank columns in blocks where the
+temporaries would exceed half of the inputs plus output (and 2**16 elements); where X already holds the
+rank index, one Hadamard-sum pass. The variant (run of modes, orientation, library) is the one with the
+lowest modeled cost (``cost.py``: the MTTKRP GEMMs' fit of the library each runs on).
 
 >>> x, f = np.ones((4, 5, 6)), np.ones((5, 3))
 >>> kind, name, params = strategy(("ijk", "ja", "ka"), "ia", {"i": 4, "j": 5, "k": 6, "a": 3}, False, 8, False)
@@ -56,7 +55,7 @@ def strategy(subs, out, sizes, mkl, itemsize, stream):
         a, k, b = math.prod(dims[:s]), math.prod(dims[s:e]), math.prod(dims[e:])
         rest = math.prod(dims[q] for q in axes if not s <= q < e)
         extra, width = (2 * k + a * b + rest) * nr, nr      # Khatri-Rao (and its last partial), T, rest's KRP
-        narrow = -(-nr // -(-nr // blas._STREAM_NARROW))       # rank columns in even blocks a fused pass takes
+        narrow = -(-nr // -(-nr // blas._STREAM_NARROW))       # even blocks of rank columns a fused pass takes
         if stream and _fusion(dims, s, e, orient, [q for q in axes if not s <= q < e], narrow):
             extra, width = (2 * k + rest + a * b // rest) * nr, narrow   # no T: the scratch is one result
         block = width if extra <= budget else max(1, int(width * budget // extra))
@@ -204,33 +203,29 @@ def run(subs, out, blocks, dtype, params):
 def _fusion(dims, s, e, orient, rest, block):
     """``"rows"``, ``"rows sum"`` or ``"cols"`` where the streaming kernels run an MTTKRP variant's GEMM and
     its Hadamard-sum in one pass (T = X times KR never stored): the Hadamard-summed modes ``rest`` lead X
-    and the free ones sit next to the GEMM's, or (rows sum) the free modes lead and ``rest`` sit between
-    them and the GEMM's; else None.
+    and the free ones sit next to the GEMM's, or (rows sum) the free modes lead; else None.
 
     * rows, X^T KR over trailing modes: X as (G, F, K): out (F, r) = sum_g (X[g] @ KR) * H[g];
-    * rows sum, X^T KR over trailing modes: X as (F, G, K): out[f] = sum_g (X[f] @ KR)[g] * H[g], each
-      register tile's rows summed as it ends (order 5, 24^5, R = 24, mode 0: 7.3 ms CPU time; GEMM, then
-      the Hadamard-sum: 8.4);
+    * rows sum, the same with X as (F, G, K): out[f] = sum_g (X[f] @ KR)[g] * H[g] (order 5, 24^5, R = 24,
+      mode 0: 7.3 ms CPU time; the GEMM, then the Hadamard-sum: 8.4);
     * cols, KR^T X over middle modes: X as (G, K, F): out (r, F) = sum_g H[g] * (KR^T @ X[g]), F of any
       width where a column tile of X[g] (K x 24) stays in L1 while the rank rows re-read it (order 3,
       256^3, R = 24, mode 2: 17.3 ms; on MKL, then the Hadamard-sum: 19.9).
 
-    >>> _fusion((256, 256, 256), 2, 3, "rows", [0], 24) == ("rows" if blas._STREAM else None)
-    True
     >>> _fusion((256, 256, 256), 2, 3, "rows", [1], 24) == ("rows sum" if blas._STREAM else None)
     True
     """
-    n = len(dims)
     if not rest or rest != list(range(rest[0], rest[0] + len(rest))):
         return None
-    g, k = math.prod(dims[rest[0]:rest[-1] + 1]), math.prod(dims[s:e])
-    lead, free_rows, free_cols = math.prod(dims[:rest[0]]), math.prod(dims[rest[-1] + 1:s]), math.prod(dims[e:])
-    if orient != "rows" or e < n:
-        return ("cols" if orient == "cols" and rest[0] == 0 and s == len(rest) and e < n
-                and blas.stream_kind(g, block, k, free_cols, False, True, wide=True) == "cols" else None)
-    if rest[0] == 0 and blas.stream_kind(g, free_rows, k, block, True, False) == "rows":
+    g, k, n = math.prod(dims[rest[0]:rest[-1] + 1]), math.prod(dims[s:e]), len(dims)
+    if orient == "cols":
+        return "cols" if (rest[0] == 0 and s == len(rest) and e < n and blas.stream_kind(
+            g, block, k, math.prod(dims[e:]), False, True, wide=True) == "cols") else None
+    if e < n:
+        return None
+    if rest[0] == 0 and blas.stream_kind(g, math.prod(dims[len(rest):s]), k, block, True, False) == "rows":
         return "rows"
-    if rest[0] > 0 and s == rest[-1] + 1 and blas.stream_kind(lead, g, k, block, True, False) == "rows":
+    if s == rest[-1] + 1 and blas.stream_kind(math.prod(dims[:rest[0]]), g, k, block, True, False) == "rows":
         return "rows sum"
     return None
 
