@@ -29,6 +29,8 @@ MTTKRP = {  # every mode of orders 3 and 5 (uneven sizes)
                     dict(i=5, j=4, k=3, l=4, m=2, a=3)) for m in range(5)},
 }
 TTMC = ("ijklm,jb,kc,ld,me->ibcde", dict(i=5, j=4, k=3, l=4, m=3, b=2, c=3, d=2, e=2))
+#: The streaming kernels in ``blas._STREAM``'s order (then set_threads, build).
+KINDS = ("rows", "cols", "chain", "rows sum")
 
 
 def operands(eq, sizes, dtype, seed=0):
@@ -62,6 +64,8 @@ PARTIAL = {  # the groups the planner makes of MTTKRP-O5 (partial MTTKRP, then a
     "hadamard": ("la,ma,ilma->ia", dict(i=5, l=4, m=2, a=3)),
     "two-free": ("ijkl,ia,ka->ajl", dict(i=5, j=4, k=3, l=4, a=3)),
     "wide": ("ijk,ia,ja->ka", dict(i=3, j=5, k=45, a=3)),      # the fused KR^T X pass over 45 > 32 columns
+    "few-free": ("ijkl,ja,ka,la->ia", dict(i=2, j=5, k=3, l=9, a=3)),   # rows sum: fewer free rows than threads
+    "wide-rank": ("ijk,ja,ka->ia", dict(i=3, j=4, k=5, a=40)),   # rows sum in two blocks of 20 rank columns
 }
 
 
@@ -69,14 +73,14 @@ PARTIAL = {  # the groups the planner makes of MTTKRP-O5 (partial MTTKRP, then a
 def gemms(request, monkeypatch):
     """Every GEMM on BLAS (these sizes are below the streaming kernels' threshold), or every float64 GEMM
     the streaming kernels can read on them (threshold 0), on one thread or three; yields the kernels'
-    calls: (kind, fused)."""
+    calls: (kind, fused: GEMM and Hadamard-sum in one pass)."""
     calls = []
     if request.param.startswith("streamed"):
         if B._STREAM is None:
             pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
         monkeypatch.setattr(B, "_STREAM", tuple(
-            (lambda f, kind: lambda *args: calls.append((kind, args[-1] is not None)) or f(*args))(f, kind)
-            for f, kind in zip(B._STREAM, ("rows", "cols", "chain"))) + B._STREAM[3:])
+            (lambda f, kind: lambda *args: calls.append((kind, kind == "rows sum" or args[-1] is not None))
+             or f(*args))(f, kind) for f, kind in zip(B._STREAM, KINDS)) + B._STREAM[4:])
         monkeypatch.setattr(B, "_STREAM_WORK", 0)
         B.set_stream_threads(3 if request.param.endswith("threads") else 1)
     K._strategy.cache_clear()       # strategy names say which GEMMs stream
@@ -111,8 +115,9 @@ def test_mttkrp_every_variant_equals_numpy(name, dtype, gemms):
             if nr % block == 0:   # (a last, narrower block may take another kernel than the name's)
                 assert bool(gemms[before:]) == streams, (s, e, orient, block, gemms[before:])   # what names say runs
     fused = {kind for kind, weighted in gemms if weighted}   # GEMM and Hadamard-sum in one pass
-    expected = {"O3-M1": {"rows"}, "O3-M2": {"cols"}, "O5-M1": {"rows"}, "O5-M2": {"rows"}, "O5-M3": {"rows"},
-                "O5-M4": {"cols"}, "wide": {"cols"}}.get(name, set())
+    expected = {"O3-M0": {"rows sum"}, "O3-M1": {"rows"}, "O3-M2": {"cols"}, "O5-M0": {"rows sum"}, "O5-M1": {"rows"},
+                "O5-M2": {"rows"}, "O5-M3": {"rows"}, "O5-M4": {"cols"}, "wide": {"cols"},
+                "few-free": {"rows sum"}, "wide-rank": {"rows sum"}}.get(name, set())
     assert fused == (expected if dtype == np.float64 and B._STREAM_WORK == 0 else set()), (name, gemms)
 
 
@@ -255,8 +260,7 @@ def test_streaming_kernels_equal_numpy_and_take_only_what_they_can_read(monkeypa
         pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
     calls = []
     monkeypatch.setattr(B, "_STREAM", tuple((lambda f, kind: lambda *args: calls.append(kind) or f(*args))(f, kind)
-                                            for f, kind in zip(B._STREAM, ("rows", "cols", "chain")))
-                        + B._STREAM[3:])
+                                            for f, kind in zip(B._STREAM, KINDS)) + B._STREAM[4:])
     monkeypatch.setattr(B, "_STREAM_WORK", 0)
     rng = np.random.default_rng(0)
     mats = lambda *shape: rng.standard_normal(shape)
@@ -278,6 +282,21 @@ def test_streaming_kernels_equal_numpy_and_take_only_what_they_can_read(monkeypa
         assert res.shape == (a @ b).shape and res.dtype == (a @ b).dtype
         np.testing.assert_allclose(res, a @ b, rtol=1e-5, atol=1e-9)
         assert calls[before:] == ([kind] if kind else []), (a.shape, a.strides, b.shape, b.strides, kind)
+
+
+def test_rows_sum_kernel_equals_numpy(stream_threads):
+    """``stream_rows_sum`` (out[f] += sum over g of H[g] * (X[f] @ W)[g]: MTTKRP to leading free modes) equals
+    numpy for every tail of its register tiles (N = 1..32, G not a multiple of the tile's rows), rows of X,
+    W, H and out apart by more than their length, and fewer batches than threads (rows split among them)."""
+    rng = np.random.default_rng(2)
+    for nf, g, k, n in itertools.product([1, 3], [1, 5, 8, 13], [1, 70], [1, 7, 8, 9, 24, 25, 32]):
+        x = rng.standard_normal((nf, g, k + 2))[:, :, 1:k + 1]
+        w, h, out = rng.standard_normal((k, n + 3)), rng.standard_normal((g, n + 1)), np.ones((nf, n + 4))
+        B.run_stream("rows sum", nf, n, nf, g, n, k, x.ctypes.data, k + 2, g * (k + 2), w.ctypes.data, n + 3,
+                     h.ctypes.data, n + 1, out.ctypes.data, n + 4)
+        np.testing.assert_allclose(out[:, :n], 1 + np.einsum("fgk,kn,gn->fn", x, w[:, :n], h[:, :n]), rtol=1e-10,
+                                   atol=1e-10 * k * g)
+        assert (out[:, n:] == 1).all(), (nf, g, k, n)
 
 
 def test_streamed_ttm_chains_equal_numpy(monkeypatch, stream_threads):
@@ -329,7 +348,7 @@ def test_streamed_ttm_chains_equal_numpy(monkeypatch, stream_threads):
 
 
 def test_streaming_kernels_refuse_what_they_cannot_compute(monkeypatch):
-    """No empty GEMM reaches them, they refuse a result wider than 32 columns (rows) or empty (status 2,
+    """No empty GEMM reaches them, they refuse a result wider than 32 columns (rows, rows sum) or empty (status 2,
     nothing written), and a build of another interface (one an editable install left behind) is not used."""
     if B._STREAM is None:
         pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
@@ -339,6 +358,7 @@ def test_streaming_kernels_refuse_what_they_cannot_compute(monkeypatch):
     assert B._STREAM[0](1, 4, 0, 3, x.ctypes.data, 3, 0, w.ctypes.data, 40, t.ctypes.data, 0, 0, None) == 2
     assert B._STREAM[0](1, 1, 33, 3, x.ctypes.data, 3, 0, w.ctypes.data, 40, t.ctypes.data, 33, 0, None) == 2
     assert B._STREAM[1](1, 0, 4, 3, w.ctypes.data, x.ctypes.data, 3, 0, t.ctypes.data, 4, 0, None) == 2
+    assert B._STREAM[3](1, 1, 33, 3, x.ctypes.data, 3, 0, w.ctypes.data, 40, w.ctypes.data, 40, t.ctypes.data, 33) == 2
     dims, mats = np.array([1, 3, 4, 2, 1, 6, 1, 2], dtype=np.int64), np.array([w.ctypes.data] * 2, dtype=np.uintp)
     assert B._STREAM[2](1, 2, dims.ctypes.data, mats.ctypes.data, x.ctypes.data, 12, t.ctypes.data, 4) == 2   # 8 != 6
     dims[5] = 0
@@ -385,6 +405,21 @@ def test_the_l2_rule_counts_bytes_not_words():
             "MTTKRP to (l): GEMM over (k) KR^T X and Hadamard-sum over (i,j) in one streamed pass")
 
 
+def test_leading_free_modes_and_wide_ranks_take_a_fused_pass():
+    """float64 on the streaming kernels, narrow GEMMs on numpy's BLAS (as measured routes put them on this AMD
+    machine): MTTKRP to a leading free mode sums each register tile's rows as it ends (order 5, 24^5, R = 24:
+    7.3 ms CPU time; the GEMM, then the Hadamard-sum: 8.4), and a rank over 32 runs the fused passes in even
+    blocks (16^5, R = 48, mode 3: 3.5 ms; before, the GEMM and Hadamard-sum apart in the blocks of 7 the
+    temporaries allowed: 6.1)."""
+    if not B._STREAM:
+        pytest.skip("streaming kernels not built here (no C compiler at install), no AVX-512, or DEINSUM_GEMM=numpy")
+    name = lambda subs, out, shapes: K._strategy(subs, out, shapes, False, 8, True)[1]
+    assert name(("ijklm", "ja", "ka", "la", "ma"), "ia", ((24,) * 5,) + ((24, 24),) * 4) == (
+        "MTTKRP to (i): GEMM over (l,m) X^T KR and Hadamard-sum over (j,k) in one streamed pass")
+    assert name(("ijklm", "ia", "ja", "ka", "ma"), "la", ((16,) * 5,) + ((16, 48),) * 4).endswith(
+        "in one streamed pass, rank columns in blocks of 24")
+
+
 def test_deinsum_gemm_forces_the_routes():
     """DEINSUM_GEMM=numpy keeps MKL out (not even loaded) and the model's picks follow; mkl and stream force
     their routes (where installed), nothing measured; any other value fails at import with one line."""
@@ -423,7 +458,7 @@ def test_each_forced_route_runs_its_library_and_equals_numpy(library, routes, mo
                                          for d, g in L._GEMM.items()})
     if L._STREAM_BUILT is not None:
         monkeypatch.setattr(L, "_STREAM_BUILT", tuple((lambda f: lambda *a: calls.append("stream") or f(*a))(f)
-                                                      for f in L._STREAM_BUILT[:3]) + L._STREAM_BUILT[3:])
+                                                      for f in L._STREAM_BUILT[:4]) + L._STREAM_BUILT[4:])
     monkeypatch.setattr(B, "_STREAM_WORK", 0)      # (the streaming kernels take these small shapes too)
     routes({"why": f"DEINSUM_GEMM={library}", "routes": B.forced_routes(library), "rates": None})
     for eq, sizes in [("ij,jk->ik", dict(i=70, j=50, k=60)), MTTKRP["O3-M1"], MTTKRP["O5-M4"], TTMC]:

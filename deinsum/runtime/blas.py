@@ -31,7 +31,7 @@ def set_stream_threads(threads):
     global _STREAM_THREADS
     _STREAM_THREADS = max(1, int(threads))
     if _STREAM is not None:
-        _STREAM[3](_STREAM_THREADS)
+        _STREAM[4](_STREAM_THREADS)
     if _ROUTES is not None and _ROUTES["why"] == "measured":
         use_gemm_routes(None)
 
@@ -81,7 +81,7 @@ def _resolve():
 def gemm_libraries():
     """The builds of the GEMM libraries besides numpy's (MKL's version, the streaming kernels'): part of the
     key under which measured routes are cached."""
-    return {"mkl": libraries._MKL_VERSION, "stream": libraries._STREAM_BUILT and libraries._STREAM_BUILT[4]}
+    return {"mkl": libraries._MKL_VERSION, "stream": libraries._STREAM_BUILT and libraries._STREAM_BUILT[5]}
 
 
 def gemm_trial(a, b, library):
@@ -111,7 +111,7 @@ def use_gemm_routes(state):
     _ROUTES, _EPOCH = state, _EPOCH + 1
     _STREAM = libraries._STREAM_BUILT if state and state["routes"]["streamed"] == "stream" else None
     if _STREAM is not None:
-        _STREAM[3](_STREAM_THREADS)
+        _STREAM[4](_STREAM_THREADS)
 
 
 def gemm_routes():
@@ -239,11 +239,11 @@ def _streamed(a, b, batch):
 
 
 #: The streaming kernels by name: their place in ``_STREAM``.
-_KERNELS = {"rows": 0, "cols": 1, "chain": 2}
+_KERNELS = {"rows": 0, "cols": 1, "chain": 2, "rows sum": 3}
 
 
 def run_stream(kernel, m, n, *args):
-    """Call the routed streaming kernel ``kernel`` (rows, cols or chain: see ``_stream.c``) on ``args``
+    """Call the routed streaming kernel ``kernel`` (rows, cols, chain or rows sum: see ``_stream.c``) on ``args``
     for a result of m x n; raise on its error status (1: no memory for its scratch blocks; 2: a shape it
     does not take, which the routing never passes)."""
     status = _STREAM[_KERNELS[kernel]](*args)

@@ -66,10 +66,9 @@ _GEMM, _MKL_VERSION = _mkl_gemms()
 
 def _stream_kernels():
     """deinsum's own streaming GEMMs (``_stream.c``, compiled at install where a C compiler is found)
-    as ``(rows, cols, ttm_chain, set_threads, build)`` (ctypes functions; build: the file's name, size and
-    time), where built, the CPU has AVX-512 and ``DEINSUM_GEMM`` is not ``numpy``; else None. Looked up
-    through the installed package (an emitted
-    script finds them too)."""
+    as ``(rows, cols, ttm_chain, rows_sum, set_threads, build)`` (ctypes functions; build: the file's
+    name, size and time), where built, the CPU has AVX-512 and ``DEINSUM_GEMM`` is not ``numpy``; else
+    None. Looked up through the installed package (an emitted script finds them too)."""
     import importlib.util
     if gemm_choice() == "numpy":
         return None
@@ -87,17 +86,18 @@ def _stream_kernels():
             lib.stream_rows.argtypes = [i] * 4 + [p, i, i, p, i, p, i, i, p]
             lib.stream_cols.argtypes = [i] * 4 + [p, p, i, i, p, i, i, p]
             lib.ttm_chain.argtypes = [i, i, p, p, p, i, p, i]
+            lib.stream_rows_sum.argtypes = [i] * 4 + [p, i, i, p, i, p, i, p, i]
             lib.stream_set_threads.argtypes = [i]
         except (OSError, AttributeError):   # pragma: no cover - a broken build
             continue
         stat = os.stat(path)
         build = f"{os.path.basename(path)} {stat.st_size} {stat.st_mtime_ns} abi {_STREAM_ABI}"
-        return lib.stream_rows, lib.stream_cols, lib.ttm_chain, lib.stream_set_threads, build
+        return lib.stream_rows, lib.stream_cols, lib.ttm_chain, lib.stream_rows_sum, lib.stream_set_threads, build
     return None
 
 
 #: The interface of ``_stream.c`` this file calls (its ``stream_abi()``).
-_STREAM_ABI = 4
+_STREAM_ABI = 5
 
 
 #: deinsum's streaming GEMMs (float64) where built, or None (``blas._STREAM``: the same where the routes
