@@ -31,7 +31,7 @@ from .version import __version__
 
 def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memory: int | str | None = None,
             inputs: str = "global", result: str = "all", threads: str | None = "auto", layouts: dict | None = None,
-            casting: str = "safe", device: str = "cpu"):
+            casting: str = "safe", device: str = "cpu", prefetch: bool = False):
     """Compile ``equation`` into a :class:`~deinsum.program.Program`.
 
     With ``shapes`` it plans concretely; without, it is parametric and plans (and
@@ -62,11 +62,13 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
     node's free memory shared by its ranks). ``device='gpu'`` runs each rank's local contractions on a GPU
     with CuPy (the node's GPUs shared by its ranks; MPI staged through host memory);
     a call with CuPy arrays gets a CuPy result (inputs resident on the GPU), with
-    numpy arrays a numpy result (copies to and from the GPU timed in ``last_run``).
+    numpy arrays a numpy result (copies to and from the GPU timed in ``last_run``). ``prefetch=True`` lets a group
+    that must run in rounds post the next round's exchange before computing the current one, where the memory
+    holds two rounds' pieces (off by default: on 2 cores it did not help, see ``bench-results/rounds.json``).
     """
     from .program import Program
     return Program(equation, tuple(shapes) if shapes else None, nprocs, dtype, memory, inputs, result, threads,
-                   layouts, casting, device)
+                   layouts, casting, device, prefetch)
 
 
 def einsum(*operands, out=None, optimize=None, order="K", comm=None, inputs="global", result=None, shapes=None,

@@ -235,7 +235,11 @@ def _round_lines(g, moves, grid) -> list[str]:
             m, k = rounded[name]
             e = m.exchanges[0]
             comm, made = _communicator(e, "        ")
-            lines += made + [f"        {_name(name)}_t = rt.{e.kind}({_name(name)}, move={k}, step=t, comm={comm})"
+            lines += made + [f"        {_name(name)}_t = rt.prefetch({e.kind!r}, {_name(name)}, move={k}, step=t, "
+                             f"steps={count}, comm={comm})" + (f"  # MPI_I{e.mpi.lower()}, round t + 1's posted before "
+                                                               f"round t computes" if e.mpi else _mpi(e))
+                             if m.prefetch else
+                             f"        {_name(name)}_t = rt.{e.kind}({_name(name)}, move={k}, step=t, comm={comm})"
                              + _mpi(e)]
         elif index in sub:
             lines.append(f"        {_name(name)}_t = rt.slab({_name(name)}, {sub.index(index)}, {count}, t)")

@@ -8,7 +8,8 @@ or emitted) holds at once on a rank, in bytes:
 * every block the program binds: each move's destination block and each group's
   result block on its grid (the program keeps its names to the end); in a group
   that runs in rounds, one round's part of the moved blocks that hold the rounds'
-  index;
+  index (two rounds' parts of a move that prefetches: round t + 1's arrives while
+  round t computes);
 * the largest transient on top: while a group's kernel runs, its intermediate steps'
   outputs and a step's operand copies (transposes for BLAS), in rounds of one
   round's part and of the piece the kernel is called on (``Runtime.contract_round``
@@ -53,7 +54,7 @@ def footprint_terms(plan) -> tuple:
     held = [(layout, 1, 0, ()) for layout in plan.entry] + [(p.dst, 1, 0, ()) for p in plan.prepasses]
     transients = []
     for m in plan.moves:
-        held.append((m.dst, 1, 0, m.rounds or ()))
+        held.append(moved_term(m.dst, m.rounds, m.prefetch))
         if m.src.partial:
             transients.append(reduction_staging(m.src, m.dst, m.parts))
         if m.redistribution.strided_gather:   # the blocks land in one buffer, then in place
@@ -82,6 +83,12 @@ def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None
     inner = tuple((block(s.output), 1, 0, piece(s.output)) for s in steps[:-1])
     held = ((block(output_subscripts), 1, 0, cut(output_subscripts)),)
     return held, tuple(inner + tuple((block(sub), 1, 0, piece(sub)) for sub in s.subscripts) + result for s in steps)
+
+
+def moved_term(dst, cut: tuple | None, prefetch: bool = False) -> tuple:
+    """The held term of a move's destination block ``dst``: one round's part of it where it runs in rounds
+    ``cut`` ``(axis, T)``, two with ``prefetch`` (the next round's part is posted before this one is used)."""
+    return dst, 2 if prefetch and cut else 1, 0, cut or ()
 
 
 def reduction_staging(src, dst, parts: tuple | None = None) -> tuple:

@@ -26,7 +26,7 @@ from .errors import DeinsumError, as_ranks, check_choice
 from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
 from .layout import Layout, balanced_split, pin_layout
 from .redistribute import plan_redistribution, received_words, reduce_split, sample_ranks
-from .footprint import ROUND_PIECES, SLACK, footprint, group_terms, reduction_staging, term_words
+from .footprint import ROUND_PIECES, SLACK, footprint, group_terms, moved_term, reduction_staging, term_words
 from .schedule import Compute, Move, Prepass, unary_layouts
 from .tables import everywhere
 from .soap import analyze
@@ -253,7 +253,7 @@ class Plan:
 
     def _move_kind(self, m: Move) -> str:
         kind = f"{m.phase} (convert pinned layout)" if m.tensor in self.pinned else m.phase
-        return kind + (f" in {m.rounds[1]} rounds" if m.rounds else "") + (f" in {m.parts[1]} parts" if m.parts else "")
+        return kind + m.manner
 
     def __str__(self) -> str:
         d, size = self.decomposition, self.dtype.itemsize
@@ -572,8 +572,9 @@ class _Planner:
     assembly of the chosen plan with the exact model on every rank."""
 
     def __init__(self, d: Decomposition, nprocs: int, starts: dict[str, Layout | None], first: dict[str, Layout],
-                 finish: Layout | None, budget: int, kept: tuple[Layout, ...] = ()):
+                 finish: Layout | None, budget: int, kept: tuple[Layout, ...] = (), prefetch: bool = False):
         self.d, self.nprocs, self.starts, self.first, self.finish = d, nprocs, starts, first, finish
+        self.prefetch = prefetch             # groups in rounds post the next round's moves early where that fits
         self.kept = kept                     # layouts held to the end besides the starts (operands before a pre-pass)
         self.budget = budget                 # words a rank may hold at its peak (footprint.py's count)
         self.sizes = dict(d.sizes)
@@ -701,11 +702,13 @@ class _Planner:
         produced = choice.layout(group_steps[-1].output, self.sizes, partial=True)
         final = (self.finish or self.home(produced)) if last else None
         exit_move = last and not self.holds(produced, final, ranks)
-        rounds, added, peak = self.rounds(group_steps, choice, moves, final if exit_move else None, held, ranks)
+        rounds, prefetch, added, peak = self.rounds(group_steps, choice, moves, final if exit_move else None, held,
+                                                    ranks)
         parts = (0, ROUND_PIECES) if rounds and exit_move and self.in_parts(produced, final) else None
         for name, sub, src, dst, phase in moves:
             cut = (sub.index(rounds[0]), rounds[1]) if rounds and rounds[0] in sub else None
-            items.append(("move", Move(name, phase, src, dst, self.nprocs, made_by.get(name), cut)))
+            items.append(("move", Move(name, phase, src, dst, self.nprocs, made_by.get(name), cut,
+                                       prefetch=prefetch and bool(cut))))
             if cut:                               # only one round's part of it is ever made: it stays at its source
                 layouts[name] = src
         group = GroupPlan(number, group_steps, choice, _group_reads(group_steps), group_steps[-1].name,
@@ -726,12 +729,12 @@ class _Planner:
 
     def rounds(self, group_steps, choice: GridChoice, moves: list, final: Layout | None, held: np.ndarray,
                ranks: np.ndarray) -> tuple:
-        """``(rounds, added, peak)`` of a group on ``choice`` after ``held`` words: ``rounds`` ``(index, T)`` or None,
-        the fewest over a summed index that keep the peak within the memory (else those of the least peak);
-        the words it adds to what ranks hold, and its peak, counted with footprint.py's own terms: moved and
-        computed blocks held (one round's part where they hold the index), a step's operand copies (and a piece
-        of the round's partial result) or a reduction's staging on top; ``final``: where the result ends, if it
-        moves."""
+        """``(rounds, prefetch, added, peak)`` of a group on ``choice`` after ``held`` words: ``rounds`` ``(index, T)``
+        or None, the fewest over a summed index that keep the peak within the memory (else those of the least
+        peak), prefetching where the planner does and two rounds' moved parts fit; the words it adds to what ranks
+        hold, and its peak, counted with footprint.py's own terms: moved and computed blocks held (one round's part
+        where they hold the index), a step's operand copies (and a piece of the round's partial result) or a
+        reduction's staging on top; ``final``: where the result ends, if it moves."""
         sizes, out = self.sizes, group_steps[-1].output
         zero = np.zeros(ranks.size, dtype=np.int64)
         staging = [self.held_words(reduction_staging(src, dst), ranks) for _, _, src, dst, _ in moves if src.partial]
@@ -745,10 +748,10 @@ class _Planner:
                      if self.in_parts(produced, final) else whole)
         exit_words = zero if final is None else self.held_words(((final, 1, 0, ()),), ranks)
 
-        def peak(index: str, t: int) -> tuple[np.ndarray, np.ndarray]:
+        def peak(index: str, t: int, prefetch: bool = False) -> tuple[np.ndarray, np.ndarray]:
             rounds = (index, t) if t > 1 else None
             group_held, group_transients = group_terms(choice, group_steps, out, sizes, rounds)
-            moved = tuple((dst, 1, 0, (sub.index(index), t) if rounds and index in sub else ())
+            moved = tuple(moved_term(dst, (sub.index(index), t) if rounds and index in sub else None, prefetch)
                           for _, sub, _, dst, _ in moves)
             added = self.held_words(moved + group_held, ranks)
             top = [self.held_words(group, ranks) for group in group_transients] + staging + [parts if rounds else whole]
@@ -756,30 +759,38 @@ class _Planner:
 
         added, first = peak("", 1)
         if first.max(initial=0) <= self.budget:
-            return None, added, first
+            return None, False, added, first
         partial_sources = "".join(sub for _, sub, src, _, _ in moves if src.partial)
         summed = [c for c in choice.indices if c not in out and c not in partial_sources]
-        best = (int(first.max(initial=0)), 1, "", added, first)
-        for index in summed:
-            most = int(max(-(-sizes[index] // choice.dims[choice.indices.index(index)]), 1))
-            low, high = 2, most
-            if high < low:
-                continue
-            added_i, peak_i = peak(index, high)
-            if peak_i.max(initial=0) > self.budget:                 # no number of rounds fits: the least peak
-                best = min(best, (int(peak_i.max(initial=0)), high, index, added_i, peak_i), key=lambda b: b[:2])
-                continue
-            while low < high:                                       # the fewest rounds that fit
-                middle = (low + high) // 2
-                if peak(index, middle)[1].max(initial=0) <= self.budget:
-                    high = middle
-                else:
-                    low = middle + 1
-            added_i, peak_i = peak(index, low)
-            candidate = (0, low, index, added_i, peak_i)
-            best = candidate if best[0] > 0 or low < best[1] else best
+
+        def fewest(prefetch: bool) -> tuple:
+            best = (int(first.max(initial=0)), 1, "", added, first)
+            for index in summed:
+                most = int(max(-(-sizes[index] // choice.dims[choice.indices.index(index)]), 1))
+                low, high = 2, most
+                if high < low:
+                    continue
+                added_i, peak_i = peak(index, high, prefetch)
+                if peak_i.max(initial=0) > self.budget:                 # no number of rounds fits: the least peak
+                    best = min(best, (int(peak_i.max(initial=0)), high, index, added_i, peak_i), key=lambda b: b[:2])
+                    continue
+                while low < high:                                       # the fewest rounds that fit
+                    middle = (low + high) // 2
+                    if peak(index, middle, prefetch)[1].max(initial=0) <= self.budget:
+                        high = middle
+                    else:
+                        low = middle + 1
+                added_i, peak_i = peak(index, low, prefetch)
+                candidate = (0, low, index, added_i, peak_i)
+                best = candidate if best[0] > 0 or low < best[1] else best
+            return best
+
+        prefetch = self.prefetch
+        best = fewest(True) if prefetch else None
+        if best is None or best[0] > 0:                                 # prefetch only where its buffers fit
+            prefetch, best = False, fewest(False)
         _, t, index, added, top = best
-        return ((index, t) if index else None), added, top
+        return ((index, t) if index else None), prefetch and bool(index), added, top
 
     def in_parts(self, produced: Layout, final: Layout) -> bool:
         """Whether the reduction of ``produced`` (a group's partial result) into ``final`` can run in parts: it
@@ -812,7 +823,7 @@ def _group_volume(items, group_index: int) -> int:
 
 def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memory: int | None = None,
                inputs: str = "local", result: str = "distributed",
-               layouts: Mapping[str, object] | None = None) -> Plan:
+               layouts: Mapping[str, object] | None = None, prefetch: bool = False) -> Plan:
     """Plan ``decomposition`` on ``nprocs`` ranks (pure; no MPI needed).
 
     ``inputs``/``result`` say where the operands start and the result ends (see
@@ -822,9 +833,11 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     (``"out"``): a :class:`Layout` or ``"even"``/``"replicated"``/``"root"``; a
     local input starts in it, a global or root one is moved into it first. Every fusion
     candidate of the SOAP analysis (up to MAX_PARTITIONS) is planned and the one
-    whose busiest rank receives least wins. A unary pre-pass (diagonals, sums over an index of one operand,
-    squeezes) runs on every rank's block where the operand starts (:func:`_prepass`); its partial sums go into
-    the plan like a group's.
+    whose busiest rank receives least wins. With ``prefetch``, a group that must run in rounds posts each
+    round's moves before the previous round computes, where two rounds' moved parts fit the memory (more rounds
+    if need be; ``scripts/bench_rounds.py`` measures what it gains). A unary pre-pass (diagonals, sums over an
+    index of one operand, squeezes) runs on every rank's block where the operand starts (:func:`_prepass`); its
+    partial sums go into the plan like a group's.
     """
     d = decomposition
     if d.sizes is None:
@@ -875,7 +888,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
                     tuple(prepass) + schedule, tuple(sorted(pins)), memory_default=memory_default)
 
     planner = _Planner(d, nprocs, starts, first, finish, memory // dtype.itemsize - SLACK // dtype.itemsize,
-                       tuple(raw.values()))
+                       tuple(raw.values()), prefetch)
     for _ in range(REPLANS + 1):
         scored = []
         for candidate in analysis.candidates[:MAX_PARTITIONS]:

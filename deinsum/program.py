@@ -149,7 +149,9 @@ def run_schedule(rt: Runtime, plan: Plan, operands: Sequence) -> np.ndarray | No
                 for name, sub in g.reads:
                     if name in in_rounds:
                         k, m = in_rounds[name]
-                        blocks.append(rt.move(m.exchanges[0].kind, tensors[name], k, t, comm_of(m.exchanges[0])))
+                        e = m.exchanges[0]
+                        blocks.append(rt.prefetch(e.kind, tensors[name], k, t, count, comm_of(e)) if m.prefetch
+                                      else rt.move(e.kind, tensors[name], k, t, comm_of(e)))
                     else:
                         blocks.append(rt.slab(tensors[name], sub.index(index), count, t) if index in sub
                                       else tensors[name])
@@ -178,6 +180,7 @@ class Program:
     layouts: dict | None = None
     casting: str = "safe"
     device: str = "cpu"
+    prefetch: bool = False
     last_run: RunReport | None = field(default=None, init=False, repr=False)
     last_plan: Plan | None = field(default=None, init=False, repr=False)
     _runtimes: dict = field(default_factory=dict, init=False, repr=False)
@@ -188,7 +191,7 @@ class Program:
             self.shapes = tuple(as_shape(s, f"operand {n}") for n, s in enumerate(self.shapes))
         self.dtype = None if self.dtype is None else as_dtype(self.dtype)
         for option, choices in [("casting", CASTINGS), ("device", ("cpu", "gpu")), ("inputs", INPUT_MODES),
-                                ("result", RESULT_MODES), ("threads", ("auto", None))]:
+                                ("result", RESULT_MODES), ("threads", ("auto", None)), ("prefetch", (False, True))]:
             check_choice(option, getattr(self, option), choices)
         if self.memory is not None:
             self.memory = as_bytes(self.memory, error=DeinsumError)
@@ -220,7 +223,7 @@ class Program:
         dtype = as_dtype(dtype if dtype is not None else self.dtype if self.dtype is not None else np.float64)
         pins = pin_names({**dict(pin_names(self.layouts)), **dict(pin_names(layouts))})
         return _plan(self.equation, shapes, nprocs, dtype, self.memory if memory is None else memory,
-                     inputs or self.inputs, result or self.result, pins)
+                     inputs or self.inputs, result or self.result, pins, self.prefetch)
 
     def _ranks(self, nprocs) -> int | None:
         """``nprocs`` (else the compiled one, else None) checked as a number of ranks."""
@@ -361,7 +364,7 @@ class Program:
         small allreduce instead of planning again and agreeing on the plan."""
         from mpi4py import MPI
         node_ranks = node_place(comm)[1]   # kept per communicator: collective once, on every rank
-        call = (self.equation, shapes, dtype, inputs, result, pins, self.memory, self.device, comm.size)
+        call = (self.equation, shapes, dtype, inputs, result, pins, self.memory, self.device, self.prefetch, comm.size)
         cached = self._checked_call[1] if self._checked_call and self._checked_call[0] == call else None
         given = cached.memory if cached is not None else 0
         if unanimous(comm, cached is not None, given):
@@ -551,5 +554,5 @@ def _entry_shapes(plan: Plan, rank: int) -> tuple:
 
 
 @lru_cache(maxsize=128)
-def _plan(equation, shapes, nprocs, dtype, memory, inputs, result, pins=()) -> Plan:
-    return build_plan(decompose(equation, *shapes), nprocs, dtype, memory, inputs, result, dict(pins))
+def _plan(equation, shapes, nprocs, dtype, memory, inputs, result, pins=(), prefetch=False) -> Plan:
+    return build_plan(decompose(equation, *shapes), nprocs, dtype, memory, inputs, result, dict(pins), prefetch)

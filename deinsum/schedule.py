@@ -149,7 +149,9 @@ class Move:
     (running or emitting); the volume model answers reports for any number of
     ranks without them. With ``rounds`` ``(axis, T)`` the move runs inside the
     group that reads it, one exchange step per round, each bringing one round's
-    part of the destination block along ``axis`` (the same words in all). With
+    part of the destination block along ``axis`` (the same words in all); with
+    ``prefetch`` each round's step is posted (nonblocking) before the previous round
+    computes, so two rounds' parts are held at once. With
     ``parts`` ``(axis, T)`` (a direct reduction of a group run in rounds) it runs
     where it stands, in T steps whose parts fill the destination block, so that
     its staging holds one part's summands at a time.
@@ -163,6 +165,7 @@ class Move:
     group: int | None = None
     rounds: tuple[int, int] | None = None
     parts: tuple[int, int] | None = None
+    prefetch: bool = False
 
     @cached_property
     def redistribution(self) -> Redistribution:
@@ -198,7 +201,12 @@ class Move:
         return self.redistribution.table(rank)
 
     @property
-    def label(self) -> str:
-        return f"{self.tensor}: {self.phase}" + (f" in {self.rounds[1]} rounds" if self.rounds else "") + (
+    def manner(self) -> str:
+        """How it runs in steps, if it does: `` in T rounds`` (``, prefetched``) or `` in T parts``."""
+        return (f" in {self.rounds[1]} rounds" if self.rounds else "") + (", prefetched" if self.prefetch else "") + (
             f" in {self.parts[1]} parts" if self.parts else "")
+
+    @property
+    def label(self) -> str:
+        return f"{self.tensor}: {self.phase}{self.manner}"
 

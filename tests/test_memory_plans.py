@@ -1,5 +1,6 @@
 """Plans that fit the memory they are given: rounds over a summed index, the leanest grids, infeasibility."""
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,15 +11,16 @@ from deinsum.footprint import SLACK, footprint
 from deinsum.layout import Layout
 from deinsum.plan import build_plan
 from deinsum.redistribute import plan_redistribution
+from deinsum.schedule import Move
 from deinsum.tables import rank_tables, table_words
 from suite import SUITE, shapes_for
 
 
-def mm_plan(n, nprocs, share_factor=None):
+def mm_plan(n, nprocs, share_factor=None, prefetch=False):
     """Matrix multiply n^3 from the fair start, with ``share_factor`` x the data share (3 n^2 / P words) per rank."""
     memory = None if share_factor is None else int(share_factor * 3 * n * n // nprocs * 8)
     return build_plan(decompose("ij,jk->ik", (n, n), (n, n)), nprocs, memory=memory, inputs="local",
-                      result="distributed")
+                      result="distributed", prefetch=prefetch)
 
 
 @pytest.mark.parametrize("rounds", [2, 3, 7, 40])
@@ -116,6 +118,31 @@ def test_rounds_are_reported_in_text_and_json():
     assert data["groups"][0]["rounds"] == {"index": index, "count": count}
     assert data["peak_bytes_per_rank_max"] == int(footprint(plan).max()) <= data["memory_bytes_per_rank"]
     assert plan.memory > SLACK
+
+
+@pytest.mark.parametrize("nprocs", [2, 16])
+def test_prefetch_holds_two_rounds_of_pieces_and_still_fits(nprocs):
+    """With prefetch, each move of a group in rounds is posted a round ahead: the footprint is that of the same
+    schedule without it plus one round's part of each such block on every rank, and the planner takes more rounds
+    so that the plan still fits, moving the same words. Where two rounds' parts fit at no number of rounds (the
+    least memory any plan fits), it does not prefetch."""
+    plain, fetched = mm_plan(2048, nprocs, 1.25), mm_plan(2048, nprocs, 1.25, prefetch=True)
+    assert fetched.feasible and all(m.prefetch == bool(m.rounds) for m in fetched.moves)
+    assert any(m.prefetch for m in fetched.moves) and ", prefetched" in str(fetched)
+    assert fetched.groups[0].rounds[1] > plain.groups[0].rounds[1] > 1
+    assert (fetched.received_bytes() == plain.received_bytes()).all()
+    off = replace(fetched, schedule=tuple(replace(m, prefetch=False) if isinstance(m, Move) else m
+                                          for m in fetched.schedule))
+    ranks = np.arange(nprocs)
+    extra = sum(m.dst.block_sizes(ranks, m.rounds) for m in fetched.moves if m.prefetch) * 8
+    assert (footprint(fetched) - footprint(off) == extra).all() and extra.min() > 0
+    share = 3 * 2048 * 2048 // nprocs * 8
+    low, high = share, int(1.25 * share)      # the least memory a plan fits (within 4 kB)
+    while high - low > 2**12:
+        middle = (low + high) // 2
+        low, high = (low, middle) if mm_plan(2048, nprocs, middle / share).feasible else (middle, high)
+    least = mm_plan(2048, nprocs, high / share, prefetch=True)
+    assert least.feasible and not any(m.prefetch for m in least.moves)
 
 
 def _suite_plan(kernel, nprocs, share_factor):

@@ -108,6 +108,11 @@ class _Step:
     def created(self):
         return len(self.datatypes)
 
+    def post(self, block, wait=True):
+        """``([], finish)``: the step run at once, ``finish()`` its output block (:meth:`Transfer.post` waits less)."""
+        out = self(block)
+        return [], lambda: out
+
     def free(self):
         """Release the committed datatypes (idempotent)."""
         for datatype in self.datatypes:
@@ -183,6 +188,11 @@ class Transfer(_Step):
         return datatype
 
     def __call__(self, block):
+        return self.post(block, wait=True)[1]()
+
+    def post(self, block, wait=False):
+        """Start the step: ``(requests, finish)``, ``finish()`` waiting for them and returning the output block; an
+        ``Ialltoallw`` unless ``wait`` (a prefetched round). ``block`` must stay unchanged until then."""
         rank, nprocs = self.comm.Get_rank(), self.comm.Get_size()
         if self.in_held and (block is None or block.shape != tuple(self.in_shape)):
             raise ValueError(f"rank {rank}: local block of shape {None if block is None else block.shape}, "
@@ -192,23 +202,26 @@ class Transfer(_Step):
         buffer = np.empty(self.buffer_bytes, dtype=np.uint8)
         out = buffer[:self.out_bytes].view(self.dtype).reshape(self.out_shape) if self.out_held else None
         send_buffer = block if self.in_held and block.size else np.empty(1, dtype=np.uint8)
-        self.comm.Alltoallw([send_buffer, (self.send_counts, [0] * nprocs), self.send_types],
-                            [buffer, (self.recv_counts, self.recv_displs), self.recv_types])
-        if self.big_sends or self.big_recvs:
-            requests = [self.comm.Irecv([buffer[offset:], n, t], peer, _BIG_TAG)
-                        for peer, offset, n, t in self.big_recvs]
-            requests += [self.comm.Isend([block, 1, t], peer, _BIG_TAG) for peer, t in self.big_sends]
-            MPI.Request.Waitall(requests)
+        args = ([send_buffer, (self.send_counts, [0] * nprocs), self.send_types],
+                [buffer, (self.recv_counts, self.recv_displs), self.recv_types])
+        requests = [] if wait else [self.comm.Ialltoallw(*args)]
+        if wait:
+            self.comm.Alltoallw(*args)
+        requests += [self.comm.Irecv([buffer[offset:], n, t], peer, _BIG_TAG) for peer, offset, n, t in self.big_recvs]
+        requests += [self.comm.Isend([block, 1, t], peer, _BIG_TAG) for peer, t in self.big_sends]
+
         def piece(peer, starts, subsizes):
             if peer == rank:
                 return block[_slices(starts, subsizes)]
             start = self.staged_at[peer]
             return buffer[start:start + math.prod(subsizes) * self.dtype.itemsize].view(self.dtype).reshape(subsizes)
 
-        _apply(self.ops, out, piece)
-        if self.staged_at and out is not None:
-            out = out.copy()          # let the staging buffer go
-        return out
+        def finish():
+            MPI.Request.Waitall(requests)
+            _apply(self.ops, out, piece)
+            return out.copy() if self.staged_at and out is not None else out   # (a copy lets the staging go)
+
+        return requests, finish
 
 
 class Collective(_Step):

@@ -101,7 +101,7 @@ class Runtime:
         self.moves, self.device = moves, device
         self.created = {"communicators": 0, "datatypes": 0}
         self._carts, self._subs, self._transfers = {}, {}, {}
-        self._element = None
+        self._element, self._posted, self._ahead = None, [], {}
         self.world = comm
         agree_gemm_routes(comm)   # (collective: every rank routes its GEMMs as rank 0 does)
         self.reset()
@@ -149,24 +149,46 @@ class Runtime:
 
         Ranks outside ``comm`` hold nothing before and after. Bytes go to the log under the move's label.
         """
+        return self.wait(self.post(kind, x, move, step, comm, wait=True))
+
+    def post(self, kind, x, move, step=0, comm=None, wait=False):
+        """:meth:`move` started, for :meth:`wait` to end: an ``Alltoallw`` as ``Ialltoallw``, so that a group in
+        rounds brings round t + 1's pieces while round t computes (prefetch); MPI's own collectives run at once."""
         comm = self.world if comm is None else comm
         timer, label, tables = self.moves[move]
         if self.device is not None:
             x = self.device.download(x, self.clock)
-        if kind == "slice":   # nothing to send or receive on any rank: no MPI call
-            with self.clock(timer):
-                return local_part(tables[step], x, self.dtype)
         with self.clock(timer):
+            if kind == "slice":   # nothing to send or receive on any rank: no MPI call
+                return timer, [], lambda: local_part(tables[step], x, self.dtype)
             if comm == MPI.COMM_NULL:
                 if x is not None:
                     raise ValueError(f"rank {self.rank}: holds a block of {label} outside the {kind} communicator")
-                return None
+                return timer, [], lambda: None
             if native(tables[step]) and tables[step][4] != kind:
                 raise ValueError(f"rank {self.rank}: {label} step {step} is an MPI {tables[step][4]}, not a {kind}")
             transfer = self._transfer(move, step, comm, tables[step])
-            result = transfer(x)
+            requests, finish = transfer.post(x, wait)
         self.log.add(f"{label} ({kind})", transfer.bytes_sent, transfer.bytes_received)
-        return result
+        self._posted += requests
+        return timer, requests, finish
+
+    def wait(self, posted):
+        """The block a :meth:`post` brings, once it has come."""
+        timer, requests, finish = posted
+        with self.clock(timer):
+            out = finish()
+        self._posted = [r for r in self._posted if r]   # (waited ones are null)
+        return out
+
+    def prefetch(self, kind, x, move, step, steps, comm=None):
+        """Step ``step`` of move ``move``, one round of a group in ``steps`` rounds, waited for, and step ``step + 1``
+        posted (:meth:`post`) before it is returned: the next round's pieces move while this round computes."""
+        posted = self._ahead.pop(move) if step else self.post(kind, x, move, step, comm)
+        block = self.wait(posted)
+        if step + 1 < steps:
+            self._ahead[move] = self.post(kind, x, move, step + 1, comm)
+        return block
 
     scatter = partialmethod(move, "scatter")
     broadcast = partialmethod(move, "broadcast")
@@ -216,6 +238,8 @@ class Runtime:
             lo, hi = (int(v) for v in block_range(n, pieces, p))
             part = self.contract_group(inputs, output, *(
                 b[tuple(slice(lo, hi) if c == first else slice(None) for c in sub)] for b, sub in zip(blocks, inputs)))
+            if self._posted:   # MPICH moves a posted exchange only inside MPI calls
+                MPI.Request.Testall(self._posted)
             with self.clock("compute"):
                 if total is None:
                     total = array_module(part).zeros((n,) + part.shape[1:], dtype=part.dtype)
