@@ -16,8 +16,7 @@ or emitted) holds at once on a rank, in bytes:
   cuts what holds the result's first index into ROUND_PIECES pieces), and a piece of
   the round's partial result;
   or a reduction's staging buffers (partial sums received before they are added)
-  and the copy that releases them (a reduction in parts: one part's), or the
-  buffer an all-gather of strided blocks lands in;
+  and the copy that releases them (a reduction in parts: one part's);
 * ``SLACK`` bytes for numpy's iterator buffers (a broadcast multiply buffers 2 x 8192
   elements) and the Python objects of a call.
 
@@ -57,8 +56,6 @@ def footprint_terms(plan) -> tuple:
         held.append(moved_term(m.dst, m.rounds, m.prefetch))
         if m.src.partial:
             transients.append(reduction_staging(m.src, m.dst, m.parts))
-        if m.redistribution.strided_gather:   # the blocks land in one buffer, then in place
-            transients.append(((m.dst, 1, 0, ()),))
     for g in plan.groups:
         group_held, group_transients = group_terms(g.grid, g.steps, g.output_subscripts, sizes, g.rounds)
         held += group_held

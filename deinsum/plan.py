@@ -25,10 +25,9 @@ from .decompose import Decomposition, Step
 from .errors import DeinsumError, as_ranks, check_choice
 from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
 from .layout import Layout, balanced_split, pin_layout
-from .redistribute import plan_redistribution, received_words, reduce_split, sample_ranks
+from .redistribute import received_words, reduce_split, sample_ranks
 from .footprint import ROUND_PIECES, SLACK, footprint, group_terms, moved_term, reduction_staging, term_words
 from .schedule import Compute, Move, Prepass, unary_layouts
-from .tables import everywhere
 from .soap import analyze
 
 INPUT_MODES = {"global": "global arrays on every rank", "root": "global arrays on rank 0",
@@ -738,8 +737,6 @@ class _Planner:
         sizes, out = self.sizes, group_steps[-1].output
         zero = np.zeros(ranks.size, dtype=np.int64)
         staging = [self.held_words(reduction_staging(src, dst), ranks) for _, _, src, dst, _ in moves if src.partial]
-        staging += [self.held_words(((dst, 1, 0, ()),), ranks) for _, _, src, dst, _ in moves   # footprint.py's
-                    if everywhere(dst, self.nprocs) and plan_redistribution(src, dst, self.nprocs).strided_gather]
         produced = choice.layout(out, sizes, partial=True)
         whole = parts = zero   # the exit's staging: in one step, or in parts (after a group in rounds)
         if final is not None and produced.partial:

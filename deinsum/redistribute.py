@@ -10,14 +10,14 @@ that module, not this one), and move exactly what the model says.
   model says the busiest rank receives less from (an allreduce thus costs
   ``2n(R-1)/R`` words per rank instead of ``n(R-1)``). :func:`reduce_split` takes
   that decision, once for all ranks.
-* A phase whose blocks are regular runs MPI's collective of its name (:func:`deinsum.tables.collectives`);
+* A phase whose blocks are regular (and, to be gathered, contiguous) runs MPI's collective of its name (:func:`deinsum.tables.collectives`);
   the model counts what its algorithm moves (:func:`deinsum.tables.reduction_words`).
 
->>> plan = plan_redistribution(Layout.even((6, 4), 4), Layout.replicated((6, 4), 4), 4)
+>>> plan = plan_redistribution(Layout.even((8, 4), 4), Layout.replicated((8, 4), 4), 4)
 >>> plan.words_received
-(18, 18, 18, 18)
+(24, 24, 24, 24)
 >>> print(plan)
-redistribute 6x4 on 4 ranks, grid (2, 2) -> (4,): direct (MPI_Allgatherv); received max 18 words/rank, total 72; sent max 18
+redistribute 8x4 on 4 ranks, grid (4, 1) -> (4,): direct (MPI_Allgatherv); received max 24 words/rank, total 96; sent max 24
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from .layout import Layout, balanced_split
 from .tables import (COLLECTIVES, Holdings, check_pair, check_rank, check_rounds, collectives, everywhere, holdings,
-                     native_reduction, phases, rank_tables, reduction_words, scattered, strided_gather)
+                     native_reduction, phases, rank_tables, reduction_words, scattered)
 
 __all__ = ["Redistribution", "plan_redistribution", "reduce_split", "received_words", "sent_words",
            "via_scatter", "sample_ranks", "scatter_split"]
@@ -200,11 +200,6 @@ class Redistribution:
     def collectives(self) -> tuple:
         """The native collective of each phase, or None (:func:`collectives`)."""
         return collectives(self.src, self.dst, self.nprocs, self.split, self.rounds)
-
-    @cached_property
-    def strided_gather(self) -> bool:
-        """Whether its all-gather lands blocks through a buffer of the whole tensor (:func:`strided_gather`)."""
-        return self.rounds is None and strided_gather(self.src, self.dst, self.nprocs, self.split)
 
     def table(self, rank: int) -> tuple:
         """``rank``'s tables (:func:`rank_tables`)."""

@@ -162,18 +162,20 @@ def native_reduction(src: Layout, dst: Layout, nprocs: int) -> str | None:
     return "reduce" if on_one_rank(dst) and steps < src.n_summands else None
 
 
-def _regular(held: Holdings) -> bool:
-    """Whether the held blocks all have one shape, none empty."""
+def _regular(held: Holdings, shape: tuple) -> bool:
+    """Whether the held blocks all have one shape, none empty, each :func:`contiguous` in ``shape`` (MPICH's
+    all-gather of strided blocks ran 2.5-2.8x slower than the ``Alltoallw``: scripts/bench_collectives.py)."""
     extents = (held.hi - held.lo)[held.held]
-    return bool(len(extents) and (extents > 0).all() and (extents == extents[0]).all())
+    return bool(len(extents) and (extents > 0).all() and (extents == extents[0]).all()
+                and contiguous(tuple(extents[0].tolist()), shape))
 
 
 def collectives(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | None = None,
                 rounds: tuple[int, int] | None = None) -> tuple:
     """The collective (a key of :data:`COLLECTIVES`) each phase of the move from ``src`` to ``dst`` runs, None
     where it runs one ``Alltoallw`` (``split``, ``rounds`` as in :func:`rank_tables`): ``allreduce`` or
-    ``reduce`` for a direct move :func:`native_reduction` takes (each phase); ``allgather`` for distinct blocks
-    of one shape to every rank at once; ``reduce_scatter`` for the first phase of a move through a
+    ``reduce`` for a direct move :func:`native_reduction` takes (each phase); ``allgather`` for distinct contiguous
+    blocks of one shape to every rank at once; ``reduce_scatter`` for the first phase of a move through a
     reduce-scatter of distinct blocks (on the ranks holding one block's summands).
 
     >>> scalar = Layout((), (4,), (), (0,))                            # a scalar's partial sums
@@ -192,8 +194,9 @@ def collectives(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | 
         return (None,) * count
     if split is not None:
         middle = phases(src, dst, nprocs, split)[1][0]
-        return "reduce_scatter", ("allgather" if everywhere(dst, nprocs) and _regular(middle) else None)
-    gather = not src.partial and not on_one_rank(src) and everywhere(dst, nprocs) and _regular(_every(src, nprocs))
+        return "reduce_scatter", ("allgather" if everywhere(dst, nprocs) and _regular(middle, src.shape) else None)
+    gather = not src.partial and not on_one_rank(src) and everywhere(dst, nprocs) and _regular(_every(src, nprocs),
+                                                                                                   src.shape)
     return ("allgather" if gather else None,)
 
 
@@ -205,15 +208,6 @@ def contiguous(subsizes, shape) -> bool:
     """
     lead = next((k for k, n in enumerate(subsizes) if n != 1), len(subsizes))
     return tuple(subsizes[lead + 1:]) == tuple(shape[lead + 1:])
-
-
-def strided_gather(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | None = None) -> bool:
-    """Whether the move's last phase all-gathers blocks that are not :func:`contiguous`: ``Collective`` lands
-    those in a buffer of the whole tensor, then copies them in place (faster than MPI's strided types)."""
-    if collectives(src, dst, nprocs, split)[-1] != "allgather":
-        return False
-    held = phases(src, dst, nprocs, split)[-1][0]
-    return not contiguous(tuple((held.hi - held.lo)[held.held][0].tolist()), src.shape)
 
 
 def native(table: tuple) -> bool:

@@ -237,7 +237,8 @@ import deinsum
 comm = MPI.COMM_WORLD
 rng = np.random.default_rng(0)
 seen = set()
-for eq, shapes in [("ab,bc,cd,de,ef,fa->", [(6, 6)] * 6), ("ijk,ja,ka->ia", [(8, 8, 8), (8, 4), (8, 4)])]:
+for eq, shapes in [("ab,bc,cd,de,ef,fa->", [(6, 6)] * 6), ("ijk,ja,ka->ia", [(8, 8, 8), (8, 4), (8, 4)]),
+                   ("ijk,jk->i", [(32, 8, 8), (8, 8)])]:
     arrays = [rng.standard_normal(s) for s in shapes]
     for inputs, result in (("global", "all"), ("root", "root")):
         prog = deinsum.compile(eq, *shapes)

@@ -226,9 +226,10 @@ class Transfer(_Step):
 
 class Collective(_Step):
     """One step that runs MPI's collective of its name (a native table of ``rank_tables``) on ``comm``: every
-    rank for ``Allreduce``, ``Reduce`` (ranks without a summand add zeros) or ``Allgatherv`` (each block
-    through one subarray type resized to one element), the ranks holding one block's summands for
-    ``Reduce_scatter`` (the block packed piece by piece); peers numbered in ``world`` (default ``comm``).
+    rank for ``Allreduce``, ``Reduce`` (ranks without a summand add zeros) or ``Allgatherv`` (contiguous
+    blocks, each at its element offset), the ranks holding one block's summands for
+    ``Reduce_scatter`` (the block itself where its pieces tile it in order, else packed); peers numbered
+    in ``world`` (default ``comm``).
     ``bytes_sent``/``bytes_received`` are the model's: what MPI moves inside a collective cannot be measured.
     """
 
@@ -246,18 +247,10 @@ class Collective(_Step):
         self.pieces = sorted((peer, starts, subsizes) for peer, (_, starts, subsizes) in zip(peers, pieces))
         if MPI.UNDEFINED in peers or self.kind == "reduce_scatter" and len(self.pieces) != comm.Get_size():
             raise ValueError(f"rank {comm.Get_rank()}: a {self.kind} whose ranks are not its communicator's")
-        if self.kind == "allgather":   # contiguous blocks land in place, others in one buffer first
+        if self.kind == "allgather":   # (contiguous blocks: element counts and offsets)
             self.counts, self.displs = [0] * comm.Get_size(), [0] * comm.Get_size()
-            self.staged = not contiguous(self.pieces[0][2], self.out_shape)
-            size = math.prod(self.pieces[0][2])
-            for k, (peer, starts, _) in enumerate(self.pieces):   # (element offsets)
-                self.counts[peer] = size if self.staged else 1
-                self.displs[peer] = k * size if self.staged else _offset(starts, self.out_shape)
-            if not self.staged:
-                box = element.Create_subarray(list(self.out_shape), list(self.pieces[0][2]),
-                                              [0] * len(self.out_shape), order=MPI.ORDER_C)
-                self.datatypes.append(box.Create_resized(0, element.Get_extent()[1]).Commit())
-                box.Free()
+            for peer, starts, subsizes in self.pieces:
+                self.counts[peer], self.displs[peer] = math.prod(subsizes), _offset(starts, self.out_shape)
         offsets = [_offset(s, self.in_shape) for _, s, _ in self.pieces] if self.kind == "reduce_scatter" else [1, 0]
         self.in_order = offsets == sorted(offsets) and all(   # the pieces tile the block in order: no copy to send
             contiguous(z, self.in_shape) for _, _, z in self.pieces)
@@ -279,11 +272,7 @@ class Collective(_Step):
                 self.comm.Reduce(send.reshape(-1), None if out is None else out.reshape(-1), root=0)
         elif self.kind == "allgather":
             send = [block, block.size, self.element] if self.counts[rank] else [out, 0, self.element]
-            land = np.empty(sum(self.counts), dtype=self.dtype) if self.staged else out
-            self.comm.Allgatherv(send, [land, (self.counts, self.displs), self.datatypes[0] if self.datatypes else
-                                        self.element])
-            for peer, s, z in self.pieces if self.staged else ():
-                out[_slices(s, z)] = land[self.displs[peer]:self.displs[peer] + self.counts[peer]].reshape(z)
+            self.comm.Allgatherv(send, [out, (self.counts, self.displs), self.element])
         else:
             send = block.reshape(-1) if self.in_order else np.concatenate(
                 [block[_slices(s, z)].reshape(-1) for _, s, z in self.pieces])
