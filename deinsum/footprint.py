@@ -9,8 +9,10 @@ or emitted) holds at once on a rank, in bytes:
   result block on its grid (the program keeps its names to the end); in a group
   that runs in rounds, one round's part of the moved blocks that hold the rounds'
   index;
-* the largest transient on top: while a group's kernel runs, its intermediate steps'
-  outputs and a step's operand copies (transposes for BLAS), in rounds of one
+* the largest transient on top: while a group's kernel runs, what it makes (an MTTKRP
+  kernel: its Khatri-Rao blocks, GEMM result and einsum's result, for any run of modes it
+  may choose, and no copy of X where a run's view needs none: :func:`mttkrp_terms`; else
+  its intermediate steps' outputs and a step's operand copies, transposes for BLAS), in rounds of one
   round's part and of the piece the kernel is called on (``Runtime.contract_round``
   cuts what holds the result's first index into ROUND_PIECES pieces), and a piece of
   the round's partial result;
@@ -65,20 +67,93 @@ def footprint_terms(plan) -> tuple:
 def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None) -> tuple:
     """``(held, transients)`` of one fused group on ``grid`` (a :class:`deinsum.grids.GridChoice`), in
     ``rounds`` ``(index, T)`` or None: its result block held (the program keeps it to the end); while its
-    kernel runs (``contract_group``: one call computes every step), its intermediate steps' outputs and each
-    step's operand copies on top, one round's part of those that hold the index, and in rounds a piece of the
-    round's partial result (see ``Runtime.contract_round``: each round runs the group on ROUND_PIECES pieces
-    along the result's first index, so what holds that index is made or copied a piece at a time). The
-    planner counts a candidate group with the same terms."""
+    kernel runs (``contract_group``: one call computes every step), what that kernel makes on top
+    (:func:`mttkrp_terms` where the group is an MTTKRP, else its intermediate steps' outputs and each step's
+    operand copies), one round's part of those that hold the index, and in rounds a piece of the round's
+    partial result (see ``Runtime.contract_round``: each round runs the group on ROUND_PIECES pieces along the
+    result's first index, so what holds that index is made or copied a piece at a time). The planner counts a
+    candidate group with the same terms."""
     index, count = rounds or ("", 1)
     first = output_subscripts[:1] if rounds else ""
     cut = lambda sub: (sub.index(index), count) if index and index in sub else ()  # noqa: E731
     piece = lambda sub: cut(sub) + ((sub.index(first), ROUND_PIECES) if first and first in sub else ())  # noqa: E731
     block = lambda sub: grid.layout(sub, sizes, partial=False)  # noqa: E731
     result = ((block(output_subscripts), 1, 0, piece(output_subscripts)),) if rounds else ()
-    inner = tuple((block(s.output), 1, 0, piece(s.output)) for s in steps[:-1])
     held = ((block(output_subscripts), 1, 0, cut(output_subscripts)),)
+    made = {s.name for s in steps}
+    reads = tuple(sub for s in steps for name, sub in zip(s.operands, s.subscripts) if name not in made)
+    form = mttkrp_form(reads, output_subscripts)
+    if form is not None:
+        x, r, axes = form
+        sx = reads[x]
+        bounds = tuple(sx.index(c) for c in (index, first) if c and c in sx[1:])
+        return held, tuple(tuple((block(sub), per_word, 0, piece(sub)) for sub, per_word in terms) + result
+                           for terms in mttkrp_terms(sx, r, axes, output_subscripts, bounds))
+    inner = tuple((block(s.output), 1, 0, piece(s.output)) for s in steps[:-1])
     return held, tuple(inner + tuple((block(sub), 1, 0, piece(sub)) for sub in s.subscripts) + result for s in steps)
+
+
+def mttkrp_form(subs, out: str) -> tuple | None:
+    """``(x, r, axes)`` where ``einsum(subs -> out)`` is a full or partial MTTKRP (one operand X of >= 3
+    distinct indices, every other a factor (mode, r) of a mode of X, r shared by all and in ``out``; ``out``
+    is X's free modes and r), which ``deinsum.runtime.mttkrp`` runs: X's position in ``subs``, the rank index
+    and the axes of X summed against the factors; else None.
+
+    >>> mttkrp_form(("ja", "ijk", "ka"), "ia")
+    (1, 'a', [1, 2])
+    >>> mttkrp_form(("ij", "jk"), "ik") is None
+    True
+    """
+    big = [n for n, s in enumerate(subs) if len(s) >= 3]
+    if len(subs) < 3 or len(big) != 1 or len(set(subs[big[0]])) != len(subs[big[0]]):
+        return None
+    x = big[0]
+    sx = subs[x]
+    pairs = [set(s) for n, s in enumerate(subs) if n != x]
+    rank = set.intersection(*pairs)
+    if any(len(s) != 2 for s in pairs) or len(rank) != 1:
+        return None
+    (r,) = rank
+    modes = [(set(s) - rank).pop() for s in pairs]
+    free = [c for c in sx if c not in modes and c != r]
+    if (len(set(modes)) != len(modes) or any(m not in sx for m in modes) or len(set(out)) != len(out)
+            or set(out) != {*free, r}):
+        return None
+    return x, r, [sx.index(m) for m in modes]
+
+
+def mttkrp_runs(ndim: int, axes, bounds=()) -> list:
+    """The runs ``(s, e)`` of X's factored ``axes`` that an MTTKRP may run its GEMM over (X viewed as
+    a x k x b with k its axes s..e-1): those whose view of X needs no copy where X cannot merge its axes
+    ``c - 1`` and ``c`` for ``c`` in ``bounds`` (a part of a block cut along c), else all.
+
+    >>> mttkrp_runs(3, [1, 2]), mttkrp_runs(3, [1, 2], bounds=(1,))
+    ([(1, 2), (1, 3), (2, 3)], [(1, 2), (1, 3)])
+    """
+    runs = [(s, e) for s in range(ndim) for e in range(s + 1, ndim + 1) if all(q in axes for q in range(s, e))]
+    return [(s, e) for s, e in runs if set(bounds) <= {s, e}] or runs
+
+
+def mttkrp_terms(sx: str, r: str, axes, out: str, bounds=()) -> list:
+    """What ``deinsum.runtime.mttkrp.run`` makes on top of its blocks, as ``(subscripts, words per element)``
+    per run it may choose (:func:`mttkrp_runs`), with every rank column at once (a bound: it may take them in
+    blocks): the Khatri-Rao product of the run and its last partial, T (X's other modes by r), the Khatri-Rao
+    product of the other factored modes (and its copy in T's order), a result (einsum's, before it is placed)
+    and, where every run's view of X copies it, that copy. The result it returns is counted by the caller.
+
+    >>> mttkrp_terms("ijk", "a", [1, 2], "ia", bounds=(1,))[0]
+    (('ja', 2), ('ika', 1), ('ka', 2), ('ia', 1))
+    """
+    if r in sx:   # one Hadamard-sum pass against the Khatri-Rao product of every factored mode
+        return [(("".join(sx[q] for q in sorted(axes)) + r, 2), (out, 1))]
+    runs = mttkrp_runs(len(sx), axes, bounds)
+    copies = ((sx, 1),) if not set(bounds) <= set(runs[0]) else ()
+    terms = []
+    for s, e in runs:
+        rest = "".join(sx[q] for q in axes if not s <= q < e)
+        terms.append(((sx[s:e] + r, 2), (sx[:s] + sx[e:] + r, 1)) + (((rest + r, 2),) if rest else ())
+                     + ((out, 1),) + copies)
+    return terms
 
 
 def reduction_staging(src, dst, parts: tuple | None = None) -> tuple:
