@@ -9,10 +9,9 @@ or emitted) holds at once on a rank, in bytes:
   result block on its grid (the program keeps its names to the end); in a group
   that runs in rounds, one round's part of the moved blocks that hold the rounds'
   index;
-* the largest transient on top: while a group's kernel runs, what it makes (an MTTKRP
-  kernel: its Khatri-Rao blocks, GEMM result and einsum's result, for any run of modes it
-  may choose, and no copy of X where a run's view needs none: :func:`mttkrp_terms`; else
-  its intermediate steps' outputs and a step's operand copies, transposes for BLAS), in rounds of one
+* the largest transient on top: while a group's kernel runs, what it makes (an MTTKRP:
+  :func:`mttkrp_terms`; else its intermediate steps' outputs and a step's operand copies,
+  transposes for BLAS), in rounds of one
   round's part and of the piece the kernel is called on (``Runtime.contract_round``
   cuts what holds the result's first index into ROUND_PIECES pieces), and a piece of
   the round's partial result;
@@ -67,12 +66,10 @@ def footprint_terms(plan) -> tuple:
 def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None) -> tuple:
     """``(held, transients)`` of one fused group on ``grid`` (a :class:`deinsum.grids.GridChoice`), in
     ``rounds`` ``(index, T)`` or None: its result block held (the program keeps it to the end); while its
-    kernel runs (``contract_group``: one call computes every step), what that kernel makes on top
-    (:func:`mttkrp_terms` where the group is an MTTKRP, else its intermediate steps' outputs and each step's
-    operand copies), one round's part of those that hold the index, and in rounds a piece of the round's
-    partial result (see ``Runtime.contract_round``: each round runs the group on ROUND_PIECES pieces along the
-    result's first index, so what holds that index is made or copied a piece at a time). The planner counts a
-    candidate group with the same terms."""
+    kernel runs (``contract_group``: one call computes every step), what it makes (:func:`mttkrp_terms`, else
+    its intermediate steps' outputs and each step's operand copies), one round's part of those that hold the
+    index, and in rounds a piece of the round's partial result (``Runtime.contract_round`` runs the group on
+    ROUND_PIECES pieces along the result's first index). The planner counts a candidate group likewise."""
     index, count = rounds or ("", 1)
     first = output_subscripts[:1] if rounds else ""
     cut = lambda sub: (sub.index(index), count) if index and index in sub else ()  # noqa: E731
@@ -94,15 +91,11 @@ def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None
 
 
 def mttkrp_form(subs, out: str) -> tuple | None:
-    """``(x, r, axes)`` where ``einsum(subs -> out)`` is a full or partial MTTKRP (one operand X of >= 3
-    distinct indices, every other a factor (mode, r) of a mode of X, r shared by all and in ``out``; ``out``
-    is X's free modes and r), which ``deinsum.runtime.mttkrp`` runs: X's position in ``subs``, the rank index
-    and the axes of X summed against the factors; else None.
+    """``(x, r, axes)`` (X's place, the rank index, X's factored axes) where ``subs -> out`` is an MTTKRP that
+    ``runtime.mttkrp`` runs, else None.
 
     >>> mttkrp_form(("ja", "ijk", "ka"), "ia")
     (1, 'a', [1, 2])
-    >>> mttkrp_form(("ij", "jk"), "ik") is None
-    True
     """
     big = [n for n, s in enumerate(subs) if len(s) >= 3]
     if len(subs) < 3 or len(big) != 1 or len(set(subs[big[0]])) != len(subs[big[0]]):
@@ -123,9 +116,8 @@ def mttkrp_form(subs, out: str) -> tuple | None:
 
 
 def mttkrp_runs(ndim: int, axes, bounds=()) -> list:
-    """The runs ``(s, e)`` of X's factored ``axes`` that an MTTKRP may run its GEMM over (X viewed as
-    a x k x b with k its axes s..e-1): those whose view of X needs no copy where X cannot merge its axes
-    ``c - 1`` and ``c`` for ``c`` in ``bounds`` (a part of a block cut along c), else all.
+    """The runs ``(s, e)`` of factored ``axes`` an MTTKRP may take (X as a x k x b, k its axes s..e-1): where X
+    cannot merge axes c - 1 and c for c in ``bounds``, those whose view needs no copy (if any).
 
     >>> mttkrp_runs(3, [1, 2]), mttkrp_runs(3, [1, 2], bounds=(1,))
     ([(1, 2), (1, 3), (2, 3)], [(1, 2), (1, 3)])
@@ -135,11 +127,9 @@ def mttkrp_runs(ndim: int, axes, bounds=()) -> list:
 
 
 def mttkrp_terms(sx: str, r: str, axes, out: str, bounds=()) -> list:
-    """What ``deinsum.runtime.mttkrp.run`` makes on top of its blocks, as ``(subscripts, words per element)``
-    per run it may choose (:func:`mttkrp_runs`), with every rank column at once (a bound: it may take them in
-    blocks): the Khatri-Rao product of the run and its last partial, T (X's other modes by r), the Khatri-Rao
-    product of the other factored modes (and its copy in T's order), a result (einsum's, before it is placed)
-    and, where every run's view of X copies it, that copy. The result it returns is counted by the caller.
+    """What ``runtime.mttkrp.run`` makes beside its result, ``(subscripts, words per element)`` per run it may
+    take, all rank columns at once: the run's Khatri-Rao product and its partial, T, the other modes' Khatri-Rao
+    product and its copy, einsum's result, and X's copy where every run's view copies X.
 
     >>> mttkrp_terms("ijk", "a", [1, 2], "ia", bounds=(1,))[0]
     (('ja', 2), ('ika', 1), ('ka', 2), ('ia', 1))

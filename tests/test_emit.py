@@ -308,8 +308,8 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
                           timeout=60).returncode == 0
 
 
-@pytest.mark.parametrize("inputs, result, ceiling", [("root", "root", 81_000), ("global", "all", 81_000),
-                                                     ("local", "distributed", 86_000)])
+@pytest.mark.parametrize("inputs, result, ceiling", [("root", "root", 82_500), ("global", "all", 82_500),
+                                                     ("local", "distributed", 87_500)])
 def test_script_size_does_not_grow_with_the_ranks(inputs, result, ceiling):
     """MTTKRP 64^3 x 8: each rank builds its own tables from the layouts, so P = 8, 512 and 65,536 give
     scripts of the same size that define every name they use: <= 81 kB (issue 11 set 60 kB; the MKL GEMM
@@ -319,8 +319,9 @@ def test_script_size_does_not_grow_with_the_ranks(inputs, result, ceiling):
     rounds; 78.8 kB with the launcher check: 80 kB is the ceiling issue 28 sets, for a carrier that will carry
     the runtime verbatim; CPU scripts carry no GPU code: 77.2 kB; 79.4 kB with MPI's own collectives; 80.5 kB
     with every mode of inputs and result in the driver and the .npy checks it shares with the block reader,
-    issue 27: 81 kB). A script with local inputs or a distributed result also carries the block I/O,
-    runtime/npyio.py (4.6 kB of script): 85.1 kB, under 86 kB."""
+    issue 27: 81 kB; 82.1 kB with the MTTKRP kernel's footprint per run of modes, issue 24: 82.5 kB). A script
+    with local inputs or a distributed result also carries the block I/O, runtime/npyio.py (4.6 kB of
+    script): 86.7 kB, under 87.5 kB."""
     prog = deinsum.compile("ijk,ja,ka->ia", (64, 64, 64), (64, 8), (64, 8), inputs=inputs, result=result)
     sizes = {}
     for nprocs in (8, 512, 65536):

@@ -175,11 +175,10 @@ def contract_group(inputs, output, *blocks):
 
 
 def _bounds(block):
-    """The axes ``c`` of a block whose axis ``c - 1`` cannot merge with axis ``c`` in a reshape without a copy
-    (a part of a C-ordered block cut along ``c``).
+    """The axes c of a block whose axis c - 1 a reshape cannot merge with c without a copy.
 
-    >>> _bounds(np.ones((4, 5, 6))), _bounds(np.ones((4, 5, 6))[:2, :3])
-    ((), (1,))
+    >>> _bounds(np.ones((4, 5, 6))[:2, :3])
+    (1,)
     """
     shape, strides = block.shape, block.strides
     return tuple(c for c in range(1, block.ndim)
@@ -191,8 +190,7 @@ def _strategy(subs, out, shapes, mkl, itemsize=8, stream=False, epoch=None, boun
     """(kind, name, params) for ``contract_group``; pure function of subscripts, shapes, whether MKL
     can run the GEMMs (float32/64 on the CPU, where installed), the bytes per element, whether the
     blocks are float64 on the CPU (the streaming kernels' domain, where built: ``blas.stream_kind``),
-    the routes in force (``epoch``: ``blas.routes_epoch()``, only a key of the cache) and each block's
-    ``_bounds`` (None: C-ordered blocks)."""
+    the routes in force (``epoch``: ``blas.routes_epoch()``, only a key of the cache), ``_bounds`` per block."""
     sizes = {}
     for s, shape in zip(subs, shapes):
         if len(s) != len(shape):

@@ -28,10 +28,8 @@ _SMALL = 1 << 16
 
 
 def strategy(subs, out, sizes, mkl, itemsize, stream, bounds=None):
-    """Full or partial MTTKRP (several free modes; X may already hold r: then a Hadamard-sum), over a run of
-    modes whose view of X needs no copy where X's block cannot merge its axes c - 1 and c for c in its
-    ``bounds`` (one tuple per operand, as ``kernels._bounds`` finds them; ``deinsum.footprint.mttkrp_runs``:
-    the footprint counts what those runs make)."""
+    """Full or partial MTTKRP (several free modes; X may already hold r: then a Hadamard-sum), on a run of modes
+    ``mttkrp_runs`` allows for X's ``bounds`` (``kernels._bounds`` per operand)."""
     form = mttkrp_form(subs, out)
     if form is None:
         return None
