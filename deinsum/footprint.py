@@ -36,6 +36,9 @@ import numpy as np
 
 #: Bytes on top of the arrays: numpy ufunc buffers and the Python objects of one call.
 SLACK = 2**20
+#: An MTTKRP kernel's temporaries up to this many elements are always allowed (beyond it: half of its inputs
+#: and output; ``runtime.mttkrp``).
+SMALL_SCRATCH = 1 << 16
 #: A group in rounds makes each round's partial result (after the first) in this many pieces along its first axis
 #: (``Runtime.contract_round``): one piece is held on top of the group's result, not a second result.
 ROUND_PIECES = 8
@@ -84,8 +87,9 @@ def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None
         x, r, axes = form
         sx = reads[x]
         bounds = tuple(sx.index(c) for c in (index, first) if c and c in sx[1:])
+        first_block = lambda sub: int(block(sub).block_sizes(np.zeros(1, dtype=np.int64), piece(sub))[0])  # noqa: E731
         return held, tuple(tuple((block(sub), per_word, 0, piece(sub)) for sub, per_word in terms) + result
-                           for terms in mttkrp_terms(sx, r, axes, output_subscripts, bounds))
+                           for terms in mttkrp_terms(sx, r, axes, output_subscripts, bounds, first_block))
     inner = tuple((block(s.output), 1, 0, piece(s.output)) for s in steps[:-1])
     return held, tuple(inner + tuple((block(sub), 1, 0, piece(sub)) for sub in s.subscripts) + result for s in steps)
 
@@ -126,10 +130,13 @@ def mttkrp_runs(ndim: int, axes, bounds=()) -> list:
     return [(s, e) for s, e in runs if set(bounds) <= {s, e}] or runs
 
 
-def mttkrp_terms(sx: str, r: str, axes, out: str, bounds=()) -> list:
+def mttkrp_terms(sx: str, r: str, axes, out: str, bounds=(), words=None) -> list:
     """What ``runtime.mttkrp.run`` makes beside its result, ``(subscripts, words per element)`` per run it may
-    take, all rank columns at once: the run's Khatri-Rao product and its partial, T, the other modes' Khatri-Rao
-    product and its copy, einsum's result, and X's copy where every run's view copies X.
+    take: with all rank columns at once, the run's Khatri-Rao product and its partial, T, the other modes'
+    Khatri-Rao product and its copy and einsum's result; where that is more (``words``: a block's words by
+    subscripts), rank columns in blocks within the kernel's budget (half of its inputs and output: X's size
+    where the factors and result are smaller than X, and X more than SMALL_SCRATCH), one block of the other
+    modes' product and einsum's result; and X's copy where every run's view copies X.
 
     >>> mttkrp_terms("ijk", "a", [1, 2], "ia", bounds=(1,))[0]
     (('ja', 2), ('ika', 1), ('ka', 2), ('ia', 1))
@@ -139,10 +146,13 @@ def mttkrp_terms(sx: str, r: str, axes, out: str, bounds=()) -> list:
     runs = mttkrp_runs(len(sx), axes, bounds)
     copies = ((sx, 1),) if not set(bounds) <= set(runs[0]) else ()
     terms = []
+    total = lambda group: sum(n * words(sub) for sub, n in group)  # noqa: E731
     for s, e in runs:
-        rest = "".join(sx[q] for q in axes if not s <= q < e)
-        terms.append(((sx[s:e] + r, 2), (sx[:s] + sx[e:] + r, 1)) + (((rest + r, 2),) if rest else ())
-                     + ((out, 1),) + copies)
+        rest = ("".join(sx[q] for q in axes if not s <= q < e) + r,) if len(axes) > e - s else ()
+        whole = ((sx[s:e] + r, 2), (sx[:s] + sx[e:] + r, 1)) + tuple((sub, 2) for sub in rest) + ((out, 1),)
+        blocked = ((sx, 1),) + tuple((sub, 1) for sub in rest) + ((out, 1),)
+        fewer = words and words(sx) >= SMALL_SCRATCH and total(blocked) < total(whole)
+        terms.append((blocked if fewer else whole) + copies)
     return terms
 
 

@@ -319,9 +319,9 @@ def test_script_size_does_not_grow_with_the_ranks(inputs, result, ceiling):
     rounds; 78.8 kB with the launcher check: 80 kB is the ceiling issue 28 sets, for a carrier that will carry
     the runtime verbatim; CPU scripts carry no GPU code: 77.2 kB; 79.4 kB with MPI's own collectives; 80.5 kB
     with every mode of inputs and result in the driver and the .npy checks it shares with the block reader,
-    issue 27: 81 kB; 82.1 kB with the MTTKRP kernel's footprint per run of modes, issue 24: 82.5 kB). A script
+    issue 27: 81 kB; 82.4 kB with the MTTKRP kernel's footprint per run of modes, issue 24: 82.5 kB). A script
     with local inputs or a distributed result also carries the block I/O, runtime/npyio.py (4.6 kB of
-    script): 86.7 kB, under 87.5 kB."""
+    script): 87.0 kB, under 87.5 kB."""
     prog = deinsum.compile("ijk,ja,ka->ia", (64, 64, 64), (64, 8), (64, 8), inputs=inputs, result=result)
     sizes = {}
     for nprocs in (8, 512, 65536):

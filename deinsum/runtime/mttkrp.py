@@ -18,13 +18,11 @@ import math
 
 import numpy as np
 
-from ..footprint import mttkrp_form, mttkrp_runs
+from ..footprint import SMALL_SCRATCH, mttkrp_form, mttkrp_runs
 from . import blas
 from .cost import ELEM, FUSED_RATE, L2_BYTES, MTTKRP_FIT, gemm_seconds
 from .libraries import array_module
 
-#: Temporaries up to this many elements are always allowed (beyond it: half of inputs plus output).
-_SMALL = 1 << 16
 
 
 def strategy(subs, out, sizes, mkl, itemsize, stream, bounds=None):
@@ -42,7 +40,7 @@ def strategy(subs, out, sizes, mkl, itemsize, stream, bounds=None):
             (x, r, None)
     dims, nr = [sizes[c] for c in sx], sizes[r]
     inputs = sum(math.prod(sizes[c] for c in s) for s in subs)
-    budget = max(_SMALL, 0.5 * (inputs + math.prod(sizes[c] for c in out)))
+    budget = max(SMALL_SCRATCH, 0.5 * (inputs + math.prod(sizes[c] for c in out)))
     best = None
     for (s, e, orient), on_mkl in itertools.product(_variants(len(sx), axes, bounds[x] if bounds else ()),
                                                      (False, True)[:1 + mkl]):
