@@ -10,8 +10,9 @@ or emitted) holds at once on a rank, in bytes:
   that runs in rounds, one round's part of the moved blocks that hold the rounds'
   index (two rounds' parts of a move that prefetches: round t + 1's arrives while
   round t computes);
-* the largest transient on top: while a group's kernel runs, its intermediate steps'
-  outputs and a step's operand copies (transposes for BLAS), in rounds of one
+* the largest transient on top: while a group's kernel runs, what it makes (an MTTKRP:
+  :func:`mttkrp_terms`; else its intermediate steps' outputs and a step's operand copies,
+  transposes for BLAS), in rounds of one
   round's part and of the piece the kernel is called on (``Runtime.contract_round``
   cuts what holds the result's first index into ROUND_PIECES pieces), and a piece of
   the round's partial result;
@@ -36,6 +37,9 @@ import numpy as np
 
 #: Bytes on top of the arrays: numpy ufunc buffers and the Python objects of one call.
 SLACK = 2**20
+#: An MTTKRP kernel's temporaries up to this many elements are always allowed (beyond it: half of its inputs
+#: and output; ``runtime.mttkrp``).
+SMALL_SCRATCH = 1 << 16
 #: A group in rounds makes each round's partial result (after the first) in this many pieces along its first axis
 #: (``Runtime.contract_round``): one piece is held on top of the group's result, not a second result.
 ROUND_PIECES = 8
@@ -66,19 +70,28 @@ def footprint_terms(plan) -> tuple:
 def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None) -> tuple:
     """``(held, transients)`` of one fused group on ``grid`` (a :class:`deinsum.grids.GridChoice`), in
     ``rounds`` ``(index, T)`` or None: its result block held (the program keeps it to the end); while its
-    kernel runs (``contract_group``: one call computes every step), its intermediate steps' outputs and each
-    step's operand copies on top, one round's part of those that hold the index, and in rounds a piece of the
-    round's partial result (see ``Runtime.contract_round``: each round runs the group on ROUND_PIECES pieces
-    along the result's first index, so what holds that index is made or copied a piece at a time). The
-    planner counts a candidate group with the same terms."""
+    kernel runs (``contract_group``: one call computes every step), what it makes (:func:`mttkrp_terms`, else
+    its intermediate steps' outputs and each step's operand copies), one round's part of those that hold the
+    index, and in rounds a piece of the round's partial result (``Runtime.contract_round`` runs the group on
+    ROUND_PIECES pieces along the result's first index). The planner counts a candidate group likewise."""
     index, count = rounds or ("", 1)
     first = output_subscripts[:1] if rounds else ""
     cut = lambda sub: (sub.index(index), count) if index and index in sub else ()  # noqa: E731
     piece = lambda sub: cut(sub) + ((sub.index(first), ROUND_PIECES) if first and first in sub else ())  # noqa: E731
     block = lambda sub: grid.layout(sub, sizes, partial=False)  # noqa: E731
     result = ((block(output_subscripts), 1, 0, piece(output_subscripts)),) if rounds else ()
-    inner = tuple((block(s.output), 1, 0, piece(s.output)) for s in steps[:-1])
     held = ((block(output_subscripts), 1, 0, cut(output_subscripts)),)
+    made = {s.name for s in steps}
+    reads = tuple(sub for s in steps for name, sub in zip(s.operands, s.subscripts) if name not in made)
+    form = mttkrp_form(reads, output_subscripts)
+    if form is not None:
+        x, r, axes = form
+        sx = reads[x]
+        bounds = tuple(sx.index(c) for c in (index, first) if c and c in sx[1:])
+        first_block = lambda sub: int(block(sub).block_sizes(np.zeros(1, dtype=np.int64), piece(sub))[0])  # noqa: E731
+        return held, tuple(tuple((block(sub), per_word, 0, piece(sub)) for sub, per_word in terms) + result
+                           for terms in mttkrp_terms(sx, r, axes, output_subscripts, bounds, first_block))
+    inner = tuple((block(s.output), 1, 0, piece(s.output)) for s in steps[:-1])
     return held, tuple(inner + tuple((block(sub), 1, 0, piece(sub)) for sub in s.subscripts) + result for s in steps)
 
 
@@ -86,6 +99,68 @@ def moved_term(dst, cut: tuple | None, prefetch: bool = False) -> tuple:
     """The held term of a move's destination block ``dst``: one round's part of it where it runs in rounds
     ``cut`` ``(axis, T)``, two with ``prefetch`` (the next round's part is posted before this one is used)."""
     return dst, 2 if prefetch and cut else 1, 0, cut or ()
+
+
+def mttkrp_form(subs, out: str) -> tuple | None:
+    """``(x, r, axes)`` (X's place, the rank index, X's factored axes) where ``subs -> out`` is an MTTKRP that
+    ``runtime.mttkrp`` runs, else None.
+
+    >>> mttkrp_form(("ja", "ijk", "ka"), "ia")
+    (1, 'a', [1, 2])
+    """
+    big = [n for n, s in enumerate(subs) if len(s) >= 3]
+    if len(subs) < 3 or len(big) != 1 or len(set(subs[big[0]])) != len(subs[big[0]]):
+        return None
+    x = big[0]
+    sx = subs[x]
+    pairs = [set(s) for n, s in enumerate(subs) if n != x]
+    rank = set.intersection(*pairs)
+    if any(len(s) != 2 for s in pairs) or len(rank) != 1:
+        return None
+    (r,) = rank
+    modes = [(set(s) - rank).pop() for s in pairs]
+    free = [c for c in sx if c not in modes and c != r]
+    if (len(set(modes)) != len(modes) or any(m not in sx for m in modes) or len(set(out)) != len(out)
+            or set(out) != {*free, r}):
+        return None
+    return x, r, [sx.index(m) for m in modes]
+
+
+def mttkrp_runs(ndim: int, axes, bounds=()) -> list:
+    """The runs ``(s, e)`` of factored ``axes`` an MTTKRP may take (X as a x k x b, k its axes s..e-1): where X
+    cannot merge axes c - 1 and c for c in ``bounds``, those whose view needs no copy (if any).
+
+    >>> mttkrp_runs(3, [1, 2]), mttkrp_runs(3, [1, 2], bounds=(1,))
+    ([(1, 2), (1, 3), (2, 3)], [(1, 2), (1, 3)])
+    """
+    runs = [(s, e) for s in range(ndim) for e in range(s + 1, ndim + 1) if all(q in axes for q in range(s, e))]
+    return [(s, e) for s, e in runs if set(bounds) <= {s, e}] or runs
+
+
+def mttkrp_terms(sx: str, r: str, axes, out: str, bounds=(), words=None) -> list:
+    """What ``runtime.mttkrp.run`` makes beside its result, ``(subscripts, words per element)`` per run it may
+    take: with all rank columns at once, the run's Khatri-Rao product and its partial, T, the other modes'
+    Khatri-Rao product and its copy and einsum's result; where that is more (``words``: a block's words by
+    subscripts), rank columns in blocks within the kernel's budget (half of its inputs and output: X's size
+    where the factors and result are smaller than X, and X more than SMALL_SCRATCH), one block of the other
+    modes' product and einsum's result; and X's copy where every run's view copies X.
+
+    >>> mttkrp_terms("ijk", "a", [1, 2], "ia", bounds=(1,))[0]
+    (('ja', 2), ('ika', 1), ('ka', 2), ('ia', 1))
+    """
+    if r in sx:   # one Hadamard-sum pass against the Khatri-Rao product of every factored mode
+        return [(("".join(sx[q] for q in sorted(axes)) + r, 2), (out, 1))]
+    runs = mttkrp_runs(len(sx), axes, bounds)
+    copies = ((sx, 1),) if not set(bounds) <= set(runs[0]) else ()
+    terms = []
+    total = lambda group: sum(n * words(sub) for sub, n in group)  # noqa: E731
+    for s, e in runs:
+        rest = ("".join(sx[q] for q in axes if not s <= q < e) + r,) if len(axes) > e - s else ()
+        whole = ((sx[s:e] + r, 2), (sx[:s] + sx[e:] + r, 1)) + tuple((sub, 2) for sub in rest) + ((out, 1),)
+        blocked = ((sx, 1),) + tuple((sub, 1) for sub in rest) + ((out, 1),)
+        fewer = words and words(sx) >= SMALL_SCRATCH and total(blocked) < total(whole)
+        terms.append((blocked if fewer else whole) + copies)
+    return terms
 
 
 def reduction_staging(src, dst, parts: tuple | None = None) -> tuple:

@@ -327,10 +327,8 @@ def test_script_size_does_not_grow_with_the_ranks(inputs, result, ceiling):
     rounds; 78.8 kB with the launcher check: 80 kB is the ceiling issue 28 sets, for a carrier that will carry
     the runtime verbatim; CPU scripts carry no GPU code: 77.2 kB; 79.4 kB with MPI's own collectives; 80.5 kB
     with every mode of inputs and result in the driver and the .npy checks it shares with the block reader,
-    issue 27: 81 kB; 81.7 kB with strided all-gathers staged and MTTKRP's streamed passes; 82.6 kB with
-    prefetched rounds, Runtime.post/wait/prefetch and Transfer.post, issue 24: 83 kB). A script with local inputs
-    or a distributed result also carries the block I/O, runtime/npyio.py (4.6 kB of script): 87.2 kB, under
-    88 kB."""
+    issue 27: 81 kB; 83 kB with prefetched rounds and the MTTKRP kernel's footprint per run of modes). A script
+    with local inputs or a distributed result also carries the block I/O, runtime/npyio.py: under 88 kB."""
     prog = deinsum.compile("ijk,ja,ka->ia", (64, 64, 64), (64, 8), (64, 8), inputs=inputs, result=result)
     sizes = {}
     for nprocs in (8, 512, 65536):

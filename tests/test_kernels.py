@@ -679,3 +679,63 @@ def test_every_rank_routes_as_rank_0_does(tmp_path):
             print(json.dumps(rows))
         """, tmp_path=tmp_path)
     assert json.loads(out) == [[0, "numpy", "numpy"], [1, "mkl", "numpy"]]
+
+
+@pytest.mark.parametrize("eq,sizes,cut", [
+    ("ijk,ja,ka->ia", dict(i=40, j=60, k=50, a=24), (0, 1)),       # a round over j, pieces of i
+    ("ijk,ia,ka->ja", dict(i=60, j=40, k=50, a=24), (2, 1)),       # a round over k, pieces of j
+    ("ijklm,ja,ka,la,ma->ia", dict(i=12, j=14, k=10, l=12, m=14, a=24), (0, 3)),
+    ("ijklm,ia,ja,la,ma->ka", dict(i=12, j=14, k=10, l=12, m=14, a=24), (2, 4)),
+])
+def test_mttkrp_scratch_within_its_footprint_terms(eq, sizes, cut):
+    """On a part of X cut along ``cut`` (as a group's round and piece cut it), the runtime runs a variant whose
+    view of X needs no copy where one exists, and every variant it may run makes at most what
+    ``mttkrp_terms`` counts (a copy of X where none exists)."""
+    from deinsum.footprint import SLACK, mttkrp_form, mttkrp_runs, mttkrp_terms
+    subs, out = split(eq)
+    ops = operands(eq, {c: 2 * n if q in cut else n for q, (c, n) in enumerate(sizes.items())}, np.float64)
+    ops[0] = ops[0][tuple(slice(None, sizes[c]) for c in subs[0])]      # a part: X's axes in cut do not merge
+    ops[1:] = [f[:sizes[f_sub[0]]] for f, f_sub in zip(ops[1:], subs[1:])]
+    x, r, axes = mttkrp_form(subs, out)
+    bounds = K._bounds(ops[x])
+    assert bounds == tuple(sorted(q for q in cut if q)), bounds
+    words = lambda terms: sum(n * np.prod([sizes[c] for c in sub]) for sub, n in terms)  # noqa: E731
+    allowed = 8 * (max(map(words, mttkrp_terms(subs[x], r, axes, out, bounds))) + np.prod([sizes[c] for c in out]))
+    params = K._strategy(tuple(subs), out, tuple(o.shape for o in ops), False, 8, False, None,
+                         tuple(map(K._bounds, ops)))[2]
+    assert params[2][:2] in mttkrp_runs(len(subs[x]), axes, bounds), params   # no copy of X where one can
+    for s, e, orient in M._variants(len(subs[x]), axes, bounds):
+        tracemalloc.start()
+        try:
+            got = M.run(subs, out, ops, np.dtype(np.float64), (x, r, (s, e, orient, sizes[r], False)))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        check(eq, ops, got)
+        assert peak <= allowed + SLACK, (s, e, orient, peak, allowed)
+
+
+@pytest.mark.parametrize("eq,sizes", [
+    ("ijk,ja,ka->ia", dict(i=4000, j=6, k=5, a=96)),           # T (i x k x r) larger than X: rank columns in blocks
+    ("ijklm,ja,ka,la,ma->ia", dict(i=2000, j=3, k=4, l=3, m=4, a=64)),
+])
+def test_mttkrp_scratch_in_blocks_within_its_footprint_terms(eq, sizes):
+    """Where T with every rank column would outgrow X, the kernel takes the columns in blocks, and makes at most
+    what ``mttkrp_terms`` counts with the blocks' sizes."""
+    from deinsum.footprint import SLACK, mttkrp_form, mttkrp_terms
+    subs, out = split(eq)
+    ops = operands(eq, sizes, np.float64)
+    x, r, axes = mttkrp_form(subs, out)
+    size = lambda sub: int(np.prod([sizes[c] for c in sub]))  # noqa: E731
+    terms = mttkrp_terms(subs[x], r, axes, out, (), size)
+    assert any(("".join(subs[x]), 1) in t for t in terms)              # some run counted in blocks
+    allowed = 8 * (max(sum(n * size(sub) for sub, n in t) for t in terms) + size(out))
+    contract_group(subs, out, *ops)                                    # strategy cached
+    tracemalloc.start()
+    try:
+        got = contract_group(subs, out, *ops)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    check(eq, ops, got)
+    assert peak <= allowed + SLACK, (peak, allowed)

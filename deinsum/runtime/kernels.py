@@ -170,16 +170,27 @@ def contract_group(inputs, output, *blocks):
     stream = dtype == np.float64 and xp is np and all(b.flags.c_contiguous for b in blocks)
     mkl = mkl_routed("narrow", dtype) and xp is np
     kind, _, params = _strategy(tuple(subs), output, tuple(b.shape for b in blocks), mkl,
-                                dtype.itemsize, stream, routes_epoch())
+                                dtype.itemsize, stream, routes_epoch(), tuple(map(_bounds, blocks)))
     return _RUN[kind](subs, output, blocks, dtype, params)
 
 
+def _bounds(block):
+    """The axes c of a block whose axis c - 1 a reshape cannot merge with c without a copy.
+
+    >>> _bounds(np.ones((4, 5, 6))[:2, :3])
+    (1,)
+    """
+    shape, strides = block.shape, block.strides
+    return tuple(c for c in range(1, block.ndim)
+                 if shape[c - 1] > 1 and shape[c] > 1 and strides[c - 1] != shape[c] * strides[c])
+
+
 @lru_cache(maxsize=256)
-def _strategy(subs, out, shapes, mkl, itemsize=8, stream=False, epoch=None):
+def _strategy(subs, out, shapes, mkl, itemsize=8, stream=False, epoch=None, bounds=None):
     """(kind, name, params) for ``contract_group``; pure function of subscripts, shapes, whether MKL
     can run the GEMMs (float32/64 on the CPU, where installed), the bytes per element, whether the
-    blocks are float64 on the CPU (the streaming kernels' domain, where built: ``blas.stream_kind``) and
-    the routes in force (``epoch``: ``blas.routes_epoch()``, only a key of the cache)."""
+    blocks are float64 on the CPU (the streaming kernels' domain, where built: ``blas.stream_kind``),
+    the routes in force (``epoch``: ``blas.routes_epoch()``, only a key of the cache), ``_bounds`` per block."""
     sizes = {}
     for s, shape in zip(subs, shapes):
         if len(s) != len(shape):
@@ -189,7 +200,8 @@ def _strategy(subs, out, shapes, mkl, itemsize=8, stream=False, epoch=None):
                 return "einsum", "einsum (broadcast sizes)", None
     if 0 in sizes.values():
         return "zeros", "zeros (an empty block)", tuple(sizes[c] for c in out)
-    found = mttkrp.strategy(subs, out, sizes, mkl, itemsize, stream) or ttm.strategy(subs, out, sizes, stream)
+    found = (mttkrp.strategy(subs, out, sizes, mkl, itemsize, stream, bounds or ((),) * len(subs))
+             or ttm.strategy(subs, out, sizes, stream))
     if found is not None:
         return found
     return _pairwise_strategy(subs, out, sizes)

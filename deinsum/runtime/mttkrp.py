@@ -18,40 +18,32 @@ import math
 
 import numpy as np
 
+from ..footprint import SMALL_SCRATCH, mttkrp_form, mttkrp_runs
 from . import blas
 from .cost import ELEM, FUSED_RATE, L2_BYTES, MTTKRP_FIT, gemm_seconds
 from .libraries import array_module
 
-#: Temporaries up to this many elements are always allowed (beyond it: half of inputs plus output).
-_SMALL = 1 << 16
 
 
-def strategy(subs, out, sizes, mkl, itemsize, stream):
-    """Full or partial MTTKRP (several free modes; X may already hold r: then a Hadamard-sum)."""
-    big = [n for n, s in enumerate(subs) if len(s) >= 3]
-    if len(subs) < 3 or len(big) != 1 or len(set(subs[big[0]])) != len(subs[big[0]]):
+def strategy(subs, out, sizes, mkl, itemsize, stream, bounds=None):
+    """Full or partial MTTKRP (several free modes; X may already hold r: then a Hadamard-sum), on a run of modes
+    ``mttkrp_runs`` allows for X's ``bounds`` (``kernels._bounds`` per operand)."""
+    form = mttkrp_form(subs, out)
+    if form is None:
         return None
-    x = big[0]
+    x, r, axes = form
     sx = subs[x]
-    pairs = [set(s) for n, s in enumerate(subs) if n != x]
-    rank = set.intersection(*pairs)
-    if any(len(s) != 2 for s in pairs) or len(rank) != 1:
-        return None
-    (r,) = rank
-    modes = [(set(s) - rank).pop() for s in pairs]
+    modes = [sx[q] for q in axes]
     free = [c for c in sx if c not in modes and c != r]
-    if (len(set(modes)) != len(modes) or any(m not in sx for m in modes) or len(set(out)) != len(out)
-            or set(out) != {*free, r}):
-        return None
-    axes = [sx.index(m) for m in modes]
     if r in sx:  # X already holds r: one elementwise pass, no GEMM
         return "mttkrp", f"MTTKRP to ({','.join(free)}): Hadamard-sum over ({','.join(c for c in sx if c in modes)})", \
             (x, r, None)
     dims, nr = [sizes[c] for c in sx], sizes[r]
     inputs = sum(math.prod(sizes[c] for c in s) for s in subs)
-    budget = max(_SMALL, 0.5 * (inputs + math.prod(sizes[c] for c in out)))
+    budget = max(SMALL_SCRATCH, 0.5 * (inputs + math.prod(sizes[c] for c in out)))
     best = None
-    for (s, e, orient), on_mkl in itertools.product(_variants(len(sx), axes), (False, True)[:1 + mkl]):
+    for (s, e, orient), on_mkl in itertools.product(_variants(len(sx), axes, bounds[x] if bounds else ()),
+                                                     (False, True)[:1 + mkl]):
         a, k, b = math.prod(dims[:s]), math.prod(dims[s:e]), math.prod(dims[e:])
         rest = math.prod(dims[q] for q in axes if not s <= q < e)
         extra, width = (2 * k + a * b + rest) * nr, nr      # Khatri-Rao (and its last partial), T, rest's KRP
@@ -128,10 +120,10 @@ def _variant_streams(dims, s, e, orient, block):
     return False                        # X's rows strided: X^T KR over leading or middle modes, KR^T X over trailing
 
 
-def _variants(ndim, axes):
-    """(s, e, orient): GEMM over the factored axes s..e-1 (a run of ``axes``), T as (..., R) or (R, ...)."""
-    return [(s, e, o) for s in range(ndim) for e in range(s + 1, ndim + 1) if all(q in axes for q in range(s, e))
-            for o in ("rows", "cols")]
+def _variants(ndim, axes, bounds=()):
+    """(s, e, orient): GEMM over the factored axes s..e-1 (a run of ``axes``: ``mttkrp_runs``), T as (..., R) or
+    (R, ...)."""
+    return [(s, e, o) for s, e in mttkrp_runs(ndim, axes, bounds) for o in ("rows", "cols")]
 
 
 def _khatri_rao(mats):

@@ -257,5 +257,7 @@ def memory_bound(statement: Statement, sizes: Mapping[str, int], P: int, M: floa
     best = 0.0
     for t in SEGMENTS:
         log_chi, _ = pb.chi(2 * M + t * M)
+        if points <= math.exp(log_chi) * (1 + NOISE):   # one segment does a rank's work: so does every longer one
+            break
         best = max(best, t * M * (points / (math.exp(log_chi) * (1 + NOISE)) - 1))
     return best
