@@ -227,7 +227,7 @@ class Transfer(_Step):
 class Collective(_Step):
     """One step that runs MPI's collective of its name (a native table of ``rank_tables``) on ``comm``: every
     rank for ``Allreduce``, ``Reduce`` (ranks without a summand add zeros) or ``Allgatherv`` (contiguous
-    blocks, each at its element offset), the ranks holding one block's summands for
+    blocks, each through one subarray type resized to one element), the ranks holding one block's summands for
     ``Reduce_scatter`` (the block itself where its pieces tile it in order, else packed); peers numbered
     in ``world`` (default ``comm``).
     ``bytes_sent``/``bytes_received`` are the model's: what MPI moves inside a collective cannot be measured.
@@ -247,10 +247,14 @@ class Collective(_Step):
         self.pieces = sorted((peer, starts, subsizes) for peer, (_, starts, subsizes) in zip(peers, pieces))
         if MPI.UNDEFINED in peers or self.kind == "reduce_scatter" and len(self.pieces) != comm.Get_size():
             raise ValueError(f"rank {comm.Get_rank()}: a {self.kind} whose ranks are not its communicator's")
-        if self.kind == "allgather":   # (contiguous blocks: element counts and offsets)
+        if self.kind == "allgather":
             self.counts, self.displs = [0] * comm.Get_size(), [0] * comm.Get_size()
-            for peer, starts, subsizes in self.pieces:
-                self.counts[peer], self.displs[peer] = math.prod(subsizes), _offset(starts, self.out_shape)
+            for peer, starts, _ in self.pieces:   # (element offsets in the C-ordered output)
+                self.counts[peer], self.displs[peer] = 1, _offset(starts, self.out_shape)
+            box = element.Create_subarray(list(self.out_shape), list(self.pieces[0][2]), [0] * len(self.out_shape),
+                                          order=MPI.ORDER_C)
+            self.datatypes.append(box.Create_resized(0, element.Get_extent()[1]).Commit())
+            box.Free()
         offsets = [_offset(s, self.in_shape) for _, s, _ in self.pieces] if self.kind == "reduce_scatter" else [1, 0]
         self.in_order = offsets == sorted(offsets) and all(   # the pieces tile the block in order: no copy to send
             contiguous(z, self.in_shape) for _, _, z in self.pieces)
@@ -272,7 +276,7 @@ class Collective(_Step):
                 self.comm.Reduce(send.reshape(-1), None if out is None else out.reshape(-1), root=0)
         elif self.kind == "allgather":
             send = [block, block.size, self.element] if self.counts[rank] else [out, 0, self.element]
-            self.comm.Allgatherv(send, [out, (self.counts, self.displs), self.element])
+            self.comm.Allgatherv(send, [out, (self.counts, self.displs), self.datatypes[0]])
         else:
             send = block.reshape(-1) if self.in_order else np.concatenate(
                 [block[_slices(s, z)].reshape(-1) for _, s, z in self.pieces])
