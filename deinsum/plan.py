@@ -24,11 +24,12 @@ from .memory import as_bytes, default_memory
 from .decompose import Decomposition, Step
 from .errors import DeinsumError, as_ranks, check_choice
 from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
-from .layout import Layout, balanced_split, pin_layout
+from .layout import Layout, balanced_split, block_range, pin_layout
 from .redistribute import received_words, reduce_split, sample_ranks
 from .footprint import ROUND_PIECES, SLACK, footprint, group_terms, moved_term, reduction_staging, term_words
 from .schedule import Compute, Move, Prepass, unary_layouts
 from .soap import analyze
+from .soap.parallel import balance_text
 
 INPUT_MODES = {"global": "global arrays on every rank", "root": "global arrays on rank 0",
                "local": "each rank holds one block, no replication; the planner chooses the layout"}
@@ -91,7 +92,8 @@ class PlanBound:
     ``(partition, bound, modeled words or None)`` of every fusion candidate of the plan's path (joint
     bounds counted where they could decide the least); ``atomic``: the whole einsum as
     one statement (:attr:`ATOMIC`); ``chosen_words``: the chosen fusion's, with all its
-    joint bounds. All hold under :attr:`ASSUMPTIONS`, for any memory per rank.
+    joint bounds. All hold under :attr:`assumptions`, for any memory per rank: within ``rho``, the plan's own
+    balance (:attr:`Plan.balance`), so they cover the plan they are printed with.
     """
 
     words: float
@@ -102,14 +104,16 @@ class PlanBound:
     chosen_words: float
     covers: str = ""                     # the class (:attr:`deinsum.soap.Analysis.covers`)
     fits: tuple[bool | None, ...] = ()   # per candidate: whether its scored plan fits the memory (None: not scored)
+    rho: float = 1.0                     # the balance assumed: the plan's own (:attr:`Plan.balance`)
 
     CHOSEN = "this plan's path and fusion"
     ATOMIC = "atomic bound: one-statement algorithms only (the whole einsum as one fused statement)"
-    ASSUMPTIONS = ("every rank computes 1/P of the iterations of every group (balance per group), each iteration "
-                   "once (no recomputation); a group reads the complete values of the intermediates it reads "
-                   "(partial sums flow only inside a group); every word received is a value or a partial sum of one "
-                   "element of an input, an intermediate or the result; one copy of every input at the start and of "
-                   "the result at the end, unless the start or end mode replicates them; classical arithmetic")
+    #: The assumptions besides balance (:attr:`assumptions`).
+    ASSUMPTIONS = ("each iteration computed once (no recomputation); a group reads the complete values of the "
+                   "intermediates it reads (partial sums flow only inside a group); every word received is a value or "
+                   "a partial sum of one element of an input, an intermediate or the result; one copy of every input "
+                   "at the start and of the result at the end, unless the start or end mode replicates them; "
+                   "classical arithmetic")
     METRIC = "words received by the busiest rank"
     MEMORY = "memory-independent: they hold for any memory per rank"
     #: Where a plan of several statements moves more than this many times the class bound, the report says that
@@ -118,7 +122,13 @@ class PlanBound:
     MEMORY_DEPENDENT = ("algorithms that run this plan's contraction path fused as any candidate, every rank holding "
                         "at most that memory at any time and running its groups one after another (segments: half "
                         "the words a rank sends and receives, every word sent received once); printed where the plan "
-                        "fits the memory")
+                        "fits the memory; any balance")
+
+    @property
+    def assumptions(self) -> str:
+        """What the memory-independent bounds assume: the balance (:func:`deinsum.soap.parallel.balance_text`),
+        then :attr:`ASSUMPTIONS`."""
+        return f"{balance_text(self.rho)}, {self.ASSUMPTIONS}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,10 +154,35 @@ class Plan:
     @cached_property
     def bound(self) -> PlanBound | None:
         """The per-rank lower bounds this plan is held against (:class:`PlanBound`; made on first use: running a
-        plan does not need them). None for an einsum without binary steps."""
+        plan does not need them), for algorithms within the plan's own :attr:`balance`. None for an einsum without
+        binary steps."""
         if self.analysis is None or not self.fusion:
             return None
-        return _plan_bound(self, self.analysis, dict(self.scores), self.fusion)
+        return _plan_bound(self, self.bound_analysis, dict(self.scores), self.fusion)
+
+    @cached_property
+    def balance(self) -> float:
+        """``rho``: the most, over the plan's groups, of the busiest rank's iterations over the average ``|V_g|/P``
+        (uneven blocks and idle ranks raise it; 1: exactly balanced), rounded up to 6 decimals.
+
+        >>> from deinsum.decompose import decompose
+        >>> build_plan(decompose("ij,jk->ik", (5, 5), (5, 5)), nprocs=4).balance    # 3 x 3 x 5 of 125/4
+        1.44
+        """
+        sizes, worst = self.decomposition.sizes, 1.0
+        for g in self.groups:
+            volume = math.prod(sizes[c] for c in g.indices)
+            if volume:
+                blocks = (block_range(sizes[c], p, 0) for c, p in zip(g.indices, g.grid.dims))   # the largest
+                largest = math.prod(int(stop - start) for start, stop in blocks)
+                worst = max(worst, -(-largest * self.nprocs * 10**6 // volume) / 10**6)
+        return worst
+
+    @cached_property
+    def bound_analysis(self):
+        """The analysis with its parallel bounds at this plan's :attr:`balance` (what :attr:`bound` and the report
+        print); the plan's own analysis where it is exactly balanced."""
+        return None if self.analysis is None else self.analysis.balanced(self.balance)
 
     @property
     def equation(self) -> str:
@@ -211,15 +246,6 @@ class Plan:
         return (f"no tight lower bound is known for this plan's class (algorithms that run {len(self.groups)} "
                 f"statements): the class bound is the best deinsum proves, {_ratio(ours, self.bound.words)} below the "
                 f"plan, and the atomic bound covers one-statement algorithms only")
-
-    @property
-    def unbalanced(self) -> str | None:
-        """Where a group leaves ranks idle, the statement that the plan lies outside the bounds' class (balance per
-        group: a plan that idles ranks may move less than the bounds)."""
-        idle = [f"group {g.index}: {g.grid.idle} of {self.nprocs}" for g in self.groups if g.grid.idle]
-        return None if not idle or self.bound is None else (
-            f"this plan leaves ranks idle ({'; '.join(idle)}): it lies outside the class of every bound above "
-            f"(balance per group), which need not hold for it")
 
     def bound_row(self) -> dict:
         """The plan's bounds and busiest rank's words for a per-P table (:func:`deinsum.soap.report.latex`)."""
@@ -307,9 +333,8 @@ class Plan:
                  f"{self.inputs!r} to result {self.result!r}; the first three {PlanBound.MEMORY}:"]
                 + [f"    {w * size:>14,.0f} ({w:,.0f})  {covers}; ours / bound = {_ratio(ours, w)}{extra}"
                    for w, covers, extra in rows]
-                + [f"    assuming {PlanBound.ASSUMPTIONS}"]
-                + ([f"  {self.unknown_bound}"] if self.unknown_bound else [])
-                + ([f"  {self.unbalanced}"] if self.unbalanced else []))
+                + [f"    assuming {b.assumptions}"]
+                + ([f"  {self.unknown_bound}"] if self.unknown_bound else []))
 
     def to_dict(self) -> dict:
         """The whole plan as JSON-ready data (bytes; words where noted)."""
@@ -367,12 +392,13 @@ class Plan:
                 "chosen_schedule_bound_covers": PlanBound.CHOSEN,
                 "atomic_lower_bound_bytes_per_rank": 0.0 if self.bound is None else self.bound.atomic * size,
                 "atomic_lower_bound_covers": PlanBound.ATOMIC,
-                "lower_bound_assumptions": PlanBound.ASSUMPTIONS, "lower_bound_metric": PlanBound.METRIC,
+                "lower_bound_assumptions": None if self.bound is None else self.bound.assumptions,
+                "lower_bound_balance": self.balance, "lower_bound_metric": PlanBound.METRIC,
                 "lower_bound_memory": PlanBound.MEMORY,
                 "memory_dependent_lower_bound_bytes_per_rank": None if self.memory_bound_words is None else
                 self.memory_bound_words * size,
                 "memory_dependent_lower_bound_covers": PlanBound.MEMORY_DEPENDENT,
-                "tight_bound_unknown": self.unknown_bound, "outside_balance": self.unbalanced,
+                "tight_bound_unknown": self.unknown_bound,
                 "fusion_candidates": [] if self.bound is None else [
                     {"partition": [list(g) for g in p], "lower_bound_bytes": b * size,
                      "received_bytes_per_rank": None if v is None else v * size}
@@ -387,7 +413,7 @@ def bound_notes(plans) -> list[str]:
              f"published bounds); it covers one-statement algorithms only. Both count {PlanBound.METRIC} (words of "
              f"{first.dtype.itemsize} bytes), from inputs where they start ({INPUT_MODES[first.inputs]}) to a result "
              f"where it ends ({RESULT_MODES[first.result]}), hold for any memory per rank, and assume: "
-             f"{PlanBound.ASSUMPTIONS}."]
+             f"{balance_text({p.nprocs: p.bound.rho for p in plans})}, {PlanBound.ASSUMPTIONS}."]
     unknown = [p for p in plans if p.unknown_bound]
     if unknown:
         ps = ", ".join(str(p.nprocs) for p in unknown)
@@ -934,7 +960,7 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
     in_order = sorted(range(len(chosen)), key=lambda k: max(chosen[k]))     # the plan's groups run in this order
     return PlanBound(words, tuple(per_group[k] for k in in_order), tuple(candidates), binding,
                      _whole(analysis.atomic_words), _whole(analysis.schedule_bound(chosen)), analysis.covers,
-                     tuple(None if p not in scored else scored[p][1] for p, _, _ in candidates))
+                     tuple(None if p not in scored else scored[p][1] for p, _, _ in candidates), analysis.rho)
 
 
 def _owned_words(d: Decomposition, nprocs: int, layouts: Mapping[str, Layout]) -> dict[str, float]:

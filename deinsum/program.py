@@ -250,11 +250,11 @@ class Program:
             procs = sorted(set(([nprocs] if nprocs is not None else []) + [as_ranks(q) for q in per_p]))
             plans = [self.plan(nprocs=q, inputs=inputs, result=result) for q in procs] if self.shapes else []
             plans = [p for p in plans if p.bound is not None]
-            a = plans[0].analysis if plans else self.analysis(nprocs)
+            a = plans[0].bound_analysis if plans else self.analysis(nprocs)
             return a.latex([p.bound_row() for p in plans], bound_notes(plans) if plans else ())
         plan = self.plan(nprocs=nprocs, inputs=inputs, result=result) if planned else None
         spare = self.plan(nprocs=nprocs, inputs=inputs, result=result, memory=UNLIMITED) if planned else None
-        a = plan.analysis if plan is not None and plan.analysis is not None else self.analysis(nprocs)
+        a = plan.bound_analysis if plan is not None and plan.analysis is not None else self.analysis(nprocs)
         if format == "json":
             import json
             data = {"equation": a.equation, "analysis": a.to_dict()} | ({} if plan is None else plan.to_dict())

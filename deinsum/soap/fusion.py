@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..errors import DeinsumError
 from .numeric import NumericBound, check_positive, numeric_bound
-from .parallel import (LAYOUT, ParallelBound, check_ranks, independent_bound, joint_bound, memory_bound,
-                       parallel_bound)
+from .parallel import (LAYOUT, ParallelBound, check_balance, check_ranks, independent_bound, joint_bound,
+                       memory_bound, parallel_bound)
 from .statement import Statement
 
 if TYPE_CHECKING:   # closed forms (SymPy) load where they are asked for: sizes alone never need them
@@ -183,6 +183,7 @@ class Analysis:
     owned: dict[str, float] | None = None    # average words per rank held at the start or end, if not |T|/P
     result_copies: float = 0.0               # words some rank receives because the result ends with copies
     inputs: tuple[str, ...] = ()             # the operands' subscripts (after the pre-pass): the other paths'
+    rho: float = 1.0                         # the balance the parallel bounds assume (deinsum.soap.parallel)
 
     @cached_property
     def _least(self) -> tuple[tuple[Candidate, ...], int, Candidate | None]:
@@ -192,8 +193,8 @@ class Analysis:
         if self.atomic is None:
             return self.candidates, 1, None
         count = len(self.inputs)
-        others = _other_paths(self.inputs, self.steps[-1].output, self.steps, self.sizes, self.P, self.owned) if (
-            2 < count <= MAX_PATH_OPERANDS) else []
+        others = _other_paths(self.inputs, self.steps[-1].output, self.steps, self.sizes, self.P, self.owned,
+                              self.rho) if 2 < count <= MAX_PATH_OPERANDS else []
         raised = _raise_least(list(self.candidates) + others, lambda c, unit, enough: self.joint(unit, c, enough))
         return (raised[:len(self.candidates)], len(contraction_paths(count)) if others else 1,
                 min(raised[len(self.candidates):], key=lambda c: c.parallel_Q, default=None))
@@ -233,7 +234,25 @@ class Analysis:
         if candidate is None or not candidate.path:
             groups = [g for c in self.candidates for g in c.groups]
         of = {g.steps: g.statement for g in groups}
-        return _joint(tuple(of[g] for g in unit), self.sizes, self.P, self.owned, enough)
+        return _joint(tuple(of[g] for g in unit), self.sizes, self.P, self.owned, enough, self.rho)
+
+    def balanced(self, rho: float) -> Analysis:
+        """This analysis with its parallel bounds for algorithms that keep every rank within ``rho`` times the
+        average of every group (``rho = 1``: exact balance, as :func:`analyze` makes them).
+
+        >>> from deinsum.decompose import decompose
+        >>> a = analyze(decompose("ij,jk->ik", (5, 5), (5, 5)), P=4)      # a plan's busiest rank: 3 x 5 x 5 of 125/4
+        >>> round(a.class_bound[0], 3), round(a.balanced(2.4).class_bound[0], 3)
+        (11.014, 3.481)
+        """
+        rho = check_balance(rho)
+        if rho == self.rho or self.atomic is None:
+            return self
+        bounded = {g.steps: replace(g, parallel=parallel_bound(g.statement, self.sizes, self.P, self.S, self.owned, rho))
+                   for c in self.candidates for g in c.groups}
+        return replace(self, candidates=tuple(replace(c, groups=tuple(bounded[g.steps] for g in c.groups))
+                                              for c in self.candidates),
+                       atomic=bounded[tuple(range(len(self.steps)))].parallel, rho=rho)
 
     @property
     def chosen(self) -> tuple[tuple[int, ...], ...]:
@@ -380,13 +399,14 @@ def partitions(steps: Sequence) -> list[tuple[tuple[int, ...], ...]]:
 
 
 def analyze(decomposition, S: float | None = None, P: int | None = None,
-            owned: dict[str, float] | None = None, result_copies: float = 0.0) -> Analysis:
+            owned: dict[str, float] | None = None, result_copies: float = 0.0, rho: float = 1.0) -> Analysis:
     """SOAP analysis of a decomposition (``deinsum.decompose``): every fusion candidate with its
     bound, the best one, per-group statements, closed forms, size-aware bounds and tiles.
 
     ``S``: fast/local memory in words. Without sizes the bounds stay symbolic in S
     (S substituted when given); with sizes, S defaults to ``DEFAULT_S``. ``P``: ranks,
     for the parallel bounds (numeric for concrete sizes, SymPy expressions otherwise).
+    ``rho``: the balance the parallel bounds assume (:meth:`Analysis.balanced`).
     The unary pre-pass is not part of the bound.
     """
     steps = tuple(decomposition.steps) or tuple(s for s in decomposition.prepass if s.name == "out")
@@ -399,6 +419,7 @@ def analyze(decomposition, S: float | None = None, P: int | None = None,
         S = float(DEFAULT_S)
     if P is not None:
         P = check_ranks(P)
+    rho = check_balance(rho)
     groups = {}
     for g in valid_groups(steps):
         st = Statement.from_steps([steps[k] for k in g])
@@ -411,7 +432,7 @@ def analyze(decomposition, S: float | None = None, P: int | None = None,
                     for p in partitions(steps)), key=lambda c: (c.cost, len(c.partition), c.partition))
     atomic = None
     if P is not None and sizes is not None:
-        bounded = {g: replace(b, parallel=parallel_bound(b.statement, sizes, P, S, owned)) for g, b in groups.items()}
+        bounded = {g: replace(b, parallel=parallel_bound(b.statement, sizes, P, S, owned, rho)) for g, b in groups.items()}
         cands = [replace(c, groups=tuple(bounded[g] for g in c.partition)) for c in cands]
         atomic = bounded[tuple(range(len(steps)))].parallel     # the steps form one tree: a valid group
     if sizes is None:
@@ -421,7 +442,7 @@ def analyze(decomposition, S: float | None = None, P: int | None = None,
         ranking = f"ranked by the size-aware numeric bound at S = {S:g}"
     equation = getattr(decomposition, "equation", ",".join(steps[0].subscripts) + "->" + steps[-1].output)
     return Analysis(equation, steps, sizes, S, P, sdg(steps), tuple(cands), ranking, atomic, owned or None,
-                    float(result_copies), tuple(getattr(decomposition, "input_subscripts", ())))
+                    float(result_copies), tuple(getattr(decomposition, "input_subscripts", ())), rho)
 
 
 def _raise_least(cands: list[Candidate], joint) -> tuple[Candidate, ...]:
@@ -480,7 +501,7 @@ def _tree(steps) -> frozenset:
     return frozenset(under.values())
 
 
-def _other_paths(subs, output: str, steps, sizes, P: int, owned) -> list[Candidate]:
+def _other_paths(subs, output: str, steps, sizes, P: int, owned, rho: float) -> list[Candidate]:
     """The fusion candidates (memory-independent group bounds) of every contraction path but ``steps``'."""
     from ..decompose import binary_steps
     mine, bounds, out = _tree(steps), {}, []
@@ -492,25 +513,25 @@ def _other_paths(subs, output: str, steps, sizes, P: int, owned) -> list[Candida
         for g in valid_groups(other):
             st = Statement.from_steps([other[k] for k in g])
             if (st.terms, st.names) not in bounds:
-                bounds[st.terms, st.names] = independent_bound(st, sizes, P, owned)
+                bounds[st.terms, st.names] = independent_bound(st, sizes, P, owned, rho)
             groups[g] = GroupBound(g, st, None, bounds[st.terms, st.names], 0.0)
         out += [Candidate(p, tuple(groups[g] for g in p), 0.0, path=other) for p in partitions(other)]
     return out
 
 
 @lru_cache(maxsize=4096)
-def _joint_cached(groups, sizes, P: int, owned, enough: float) -> float:
-    return joint_bound([Statement(*g) for g in groups], dict(sizes), P, dict(owned) if owned else None, enough)
+def _joint_cached(groups, sizes, P: int, owned, enough: float, rho: float) -> float:
+    return joint_bound([Statement(*g) for g in groups], dict(sizes), P, dict(owned) if owned else None, enough, rho)
 
 
-def _joint(groups: tuple[Statement, ...], sizes, P: int, owned, enough: float = math.inf) -> float:
+def _joint(groups: tuple[Statement, ...], sizes, P: int, owned, enough: float, rho: float) -> float:
     """:func:`joint_bound`, cached across paths (the same groups recur in several, their intermediates named
     apart: only which terms are the intermediates and which tensors are held matter)."""
     held = set(owned or ())
     made = {g.names[-1]: f"T{k}" for k, g in enumerate(groups)}
     canon = lambda st: (st.terms, tuple(made.get(n, n if n in held else "") for n in st.names))  # noqa: E731
     return _joint_cached(tuple(canon(g) for g in groups), tuple(sorted(sizes.items())), P,
-                         tuple(sorted(owned.items())) if owned else None, enough)
+                         tuple(sorted(owned.items())) if owned else None, enough, rho)
 
 
 @lru_cache(maxsize=4096)

@@ -14,6 +14,7 @@ import math
 
 import sympy as sp
 
+from .parallel import balance_text
 from .statement import P as P_SYMBOL
 
 
@@ -118,7 +119,8 @@ def parallel_text(a) -> list[str]:
     name = lambda g: "+".join(steps[k].name for k in g)  # noqa: E731
     joint = "".join(f"; {', '.join(name(g) for g in unit)} jointly {_words(w)}" for unit, w in best.joint
                     if w > sum(alone[g] for g in unit))
-    return ([f"  per-rank lower bounds on P = {a.P} (words received by the busiest rank, any memory; {a.layout}):",
+    return ([f"  per-rank lower bounds on P = {a.P} (words received by the busiest rank, any memory; {a.layout}; "
+             f"{balance_text(a.rho)}):",
              f"    class bound >= {_words(words)}: {a.covers} (the least, over paths and candidates, of the sum of the "
              f"group bounds, connected groups by their joint bound where more; attained by {groups}"
              + (f" along the path {path}" if path else "") + f"{joint}{copies})",
@@ -248,6 +250,7 @@ def as_dict(a) -> dict:
     bounds = a.class_bound
     per_rank = None if bounds is None else {
         "metric": "words received by the busiest rank, any memory", "layout": a.layout,
+        "balance": balance_text(a.rho), "rho": a.rho,
         "class_bound_words": bounds[0], "class_bound_partition": [list(g) for g in bounds[1].partition],
         "class_bound_path": [s.operation for s in bounds[1].path] or [s.operation for s in a.steps],
         "class_bound_covers": a.covers + ": the least over paths and candidates of the sum of the group bounds, "
