@@ -68,9 +68,9 @@ def runtime_part(device: str = "cpu", blocks: bool = False) -> str:
     I/O module as ``BLOCK_IO``)."""
     payload, files = runtime_payload(device, blocks), runtime_files(device, blocks)
     package = package_name(payload)
-    width = 100
+    width = 2_000   # a few long lines: 7 bytes of quotes and indent per line
     chunks = "\n".join(f'    "{payload[k:k + width]}"' for k in range(0, len(payload), width))
-    lines = [RUNTIME_MARK, f"# deinsum {__version__}'s package files, byte for byte (LZMA, base85) in RUNTIME:",
+    lines = [RUNTIME_MARK, f"# deinsum {__version__}'s package files, byte for byte (bzip2, base85) in RUNTIME:",
              *(f"#   {', '.join(files[k:k + 6])}" for k in range(0, len(files), 6)),
              f"# imported from there as the package {package} by the code of runtime/bundle.py, verbatim:",
              (_PACKAGE / "runtime" / "bundle.py").read_text().rstrip("\n"),

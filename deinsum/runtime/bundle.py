@@ -1,10 +1,9 @@
 """The runtime inside an emitted script: its modules as one payload, imported from the script itself.
 
-STANDALONE: standard library only. An emitted script carries this file's text verbatim, then the payload
-(the package files of ``deinsum.emit.RUNTIME``, byte for byte, LZMA-compressed and base85-encoded) and a
-call of :func:`install`; from there its ``import`` statements find the runtime as the package named by the
-payload's hash, so two scripts (or an installed deinsum) never mix. Tracebacks name each module's
-file in the package and its line.
+Standard library only. A script carries this file verbatim, the payload (the package files of
+``deinsum.emit.RUNTIME`` byte for byte, bzip2-compressed, base85) and a call of :func:`install`; its imports
+then find the runtime as the package named by the payload's hash (two scripts, or an installed deinsum,
+never mix). Tracebacks name each module's file in the package and its line.
 
 >>> payload = pack({"errors.py": "X = 1\\n"})
 >>> package = install(payload)
@@ -12,28 +11,24 @@ file in the package and its line.
 1
 """
 import base64
+import bz2
 import hashlib
 import importlib.abc
 import importlib.util
 import json
 import linecache
-import lzma
 import sys
-
-
-#: LZMA2 as for text (no 2-, 4- or 8-byte structure to model: pb = lp = 0), at its strongest.
-_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME, "lc": 3, "lp": 0, "pb": 0}]
 
 
 def pack(files):
     """``{path under deinsum/: text}`` as a payload (text): the texts' lengths (JSON), a newline, the texts."""
     data = json.dumps({path: len(text) for path, text in files.items()}) + "\n" + "".join(files.values())
-    return base64.b85encode(lzma.compress(data.encode(), lzma.FORMAT_XZ, filters=_FILTERS)).decode("ascii")
+    return base64.b85encode(bz2.compress(data.encode(), 9)).decode("ascii")   # 3% below LZMA's on this text
 
 
 def unpack(payload):
     """The ``{path: text}`` files of a payload."""
-    lengths, _, texts = lzma.decompress(base64.b85decode(payload)).decode().partition("\n")
+    lengths, _, texts = bz2.decompress(base64.b85decode(payload)).decode().partition("\n")
     files, at = {}, 0
     for path, n in json.loads(lengths).items():
         files[path], at = texts[at:at + n], at + n
