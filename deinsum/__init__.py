@@ -21,7 +21,8 @@ except RuntimeError as exc:
 from .darray import DistributedArray
 from .darray_numpy import route_einsums
 from .decompose import Decomposition, Step, decompose
-from .errors import DeinsumError, check_choice
+from .errors import DeinsumError
+from .options import check_choice
 from .runtime.checks import check_cast
 from .layout import Layout
 from .sequence import SequencePlan, plan_sequence

@@ -21,7 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .errors import DeinsumError, as_ranks
+from .errors import DeinsumError
+from .options import as_ranks
 from .version import __version__
 
 

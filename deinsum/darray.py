@@ -39,8 +39,10 @@ from .darray_numpy import NumpyProtocols
 from .runtime.checks import agree, check_npy_data, check_launch, collectively
 from .runtime.exchange import exchange
 from .runtime.npyio import npy_header, read_block, save_blocks
-from .errors import CASTINGS, DeinsumError, as_dtype, check_choice
-from .layout import Layout, pin_layout
+from .errors import DeinsumError
+from .options import CASTINGS, as_dtype, check_choice
+from .layout import Layout
+from .pins import pin_layout
 from .schedule import Move
 
 __all__ = ["DistributedArray", "as_layout"]
@@ -69,7 +71,7 @@ def as_layout(spec, shape, nprocs: int, what: str = "array") -> Layout:
 
 def _not_numbers(dtype, what: str) -> str | None:
     """The failure message for an array of ``dtype`` that deinsum does not compute with (see
-    :func:`~deinsum.errors.as_dtype`: not bool, strings or objects), else None."""
+    :func:`~deinsum.options.as_dtype`: not bool, strings or objects), else None."""
     try:
         as_dtype(dtype, f"{what}: an array of dtype")
     except DeinsumError as exc:

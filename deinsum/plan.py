@@ -22,9 +22,11 @@ import numpy as np
 
 from .memory import as_bytes, default_memory
 from .decompose import Decomposition, Step
-from .errors import DeinsumError, as_ranks, check_choice
+from .errors import DeinsumError
+from .options import as_ranks, check_choice
 from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
-from .layout import Layout, balanced_split, block_range, pin_layout
+from .layout import Layout, balanced_split, block_range
+from .pins import pin_layout
 from .redistribute import received_words, reduce_split, sample_ranks
 from .footprint import ROUND_PIECES, SLACK, footprint, group_terms, moved_term, reduction_staging, term_words
 from .schedule import Compute, Move, Prepass, unary_layouts

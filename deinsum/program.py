@@ -29,7 +29,8 @@ from .runtime.kernels import contract_pair, group_strategy, unary
 from .runtime.runner import Runtime, pin_blas_threads
 from .darray import DistributedArray
 from .decompose import Decomposition, as_shape, decompose
-from .errors import CASTINGS, DeinsumError, as_dtype, as_ranks, check_choice
+from .errors import DeinsumError
+from .options import CASTINGS, as_dtype, as_ranks, check_choice
 from .footprint import footprint
 from .memory import as_bytes, default_memory
 from .plan import INPUT_MODES, RESULT_MODES, Plan, bound_notes, build_plan, check_pins, pin_names

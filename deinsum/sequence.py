@@ -27,8 +27,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .decompose import decompose
-from .errors import DeinsumError, as_dtype
-from .layout import Layout, pin_layout
+from .errors import DeinsumError
+from .options import as_dtype
+from .layout import Layout
+from .pins import pin_layout
 from .plan import Plan
 from .program import Program
 

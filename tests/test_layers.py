@@ -16,11 +16,11 @@ PACKAGE = Path(deinsum.__file__).parent
 #: Lowest first. A name covers that module or package and everything below it ("deinsum" is the
 #: package's own __init__ only).
 LAYERS = [
-    ["deinsum.errors", "deinsum.version", "deinsum.memory"],   # leaves: nothing of deinsum
+    ["deinsum.errors", "deinsum.version", "deinsum.memory", "deinsum.options"],   # leaves: errors only
     ["deinsum.decompose"],                   # front end: grammar, binary steps
     ["deinsum.soap"],                        # bounds
     ["deinsum.layout"],                      # layouts and block arithmetic
-    ["deinsum.grids"],                       # the grid search
+    ["deinsum.grids", "deinsum.pins"],       # the grid search; layouts the caller pins
     ["deinsum.tables"],                      # moves: each rank's exchange tables (emitted scripts carry them)
     ["deinsum.redistribute"],                # moves: their volume model and the decisions a plan takes once
     ["deinsum.schedule", "deinsum.footprint"],  # typed schedule entries, a plan's peak memory per rank

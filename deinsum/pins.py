@@ -1,0 +1,52 @@
+"""Pinned layouts: a :class:`~deinsum.layout.Layout` named by the caller (a Layout, a mode name or a short
+text), checked against a tensor's shape and the number of ranks (the planner's; emitted scripts do not carry it).
+"""
+from __future__ import annotations
+
+import re
+
+from .errors import DeinsumError
+from .layout import Layout
+
+__all__ = ["pin_layout"]
+
+
+def pin_layout(spec, shape: tuple[int, ...], nprocs: int, what: str) -> Layout:
+    """A pinned layout: a :class:`Layout`, a mode name (``"even"``, ``"replicated"``, ``"root"``) or the
+    short text ``"GRID: AXIS, ..."`` (grid extents joined by ``x``; per tensor axis the grid dimension
+    that splits it, ``-`` for none, ``1.0`` for dims 1 then 0 nested), as :meth:`Layout.spec` prints it.
+
+    >>> pin_layout("even", (4, 6), 4, "in0").grid
+    (2, 2)
+    >>> pin_layout("2x3: 1.0, -", (12, 5), 6, "in0").axes
+    ((1, 0), None)
+    """
+    named = {"even": Layout.even, "replicated": Layout.replicated, "root": Layout.on_root}
+    if isinstance(spec, str) and spec.strip() in named:
+        return named[spec.strip()](shape, nprocs)
+    if isinstance(spec, str):
+        spec = _parse_layout(spec, shape, what)
+    if not isinstance(spec, Layout):
+        raise DeinsumError(f"layout of {what}: expected a Layout, {', '.join(named)} or text like '2x2: 0, 1', "
+                           f"not {type(spec).__name__}")
+    if spec.shape != tuple(shape):
+        raise DeinsumError(f"layout of {what}: {spec} is for shape {spec.shape}, the tensor has {tuple(shape)}")
+    if spec.nranks > nprocs:
+        raise DeinsumError(f"layout of {what}: grid {spec.grid} needs {spec.nranks} ranks, only {nprocs} given")
+    if spec.partial:
+        raise DeinsumError(f"layout of {what}: {spec} holds partial sums (a pinned layout holds values)")
+    return spec
+
+
+def _parse_layout(text: str, shape: tuple[int, ...], what: str) -> Layout:
+    """``"2x3: 1.0, -"`` -> Layout (see :func:`pin_layout`); a one-line DeinsumError if malformed."""
+    match = re.fullmatch(r"\s*(\d+(?:\s*x\s*\d+)*)\s*:\s*(.*?)\s*", text)
+    items = [] if match is None or not match.group(2) else [t.strip() for t in match.group(2).split(",")]
+    if match is None or not all(re.fullmatch(r"-|\d+(\.\d+)*", t) for t in items):
+        raise DeinsumError(f"layout of {what}: {text!r} is not a mode (even, replicated, root) or "
+                           f"'GRID: AXIS, ...' like '2x3: 0, -'")
+    grid = tuple(int(g) for g in match.group(1).split("x"))
+    if len(items) != len(shape):
+        raise DeinsumError(f"layout of {what}: {text!r} names {len(items)} axes, the tensor has {len(shape)}")
+    axes = tuple(None if t == "-" else tuple(int(g) for g in t.split(".")) for t in items)
+    return Layout(tuple(shape), grid, axes)
