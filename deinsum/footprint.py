@@ -8,12 +8,12 @@ or emitted) holds at once on a rank, in bytes:
 * every block the program binds: each move's destination block and each group's
   result block on its grid (the program keeps its names to the end); in a group
   that runs in rounds, one round's part of the moved blocks that hold the rounds'
-  index;
+  index (a summed index, or a free one: then the result is made slab by slab);
 * the largest transient on top: while a group's kernel runs, its intermediate steps'
   outputs and a step's operand copies (transposes for BLAS), in rounds of one
   round's part and of the piece the kernel is called on (``Runtime.contract_round``
   cuts what holds the result's first index into ROUND_PIECES pieces), and a piece of
-  the round's partial result;
+  the round's partial result (over a free index: the round's slab of the result);
   or a reduction's staging buffers (partial sums received before they are added)
   and the copy that releases them (a reduction in parts: one part's);
 * ``SLACK`` bytes for numpy's iterator buffers (a broadcast multiply buffers 2 x 8192
@@ -64,20 +64,21 @@ def footprint_terms(plan) -> tuple:
 
 def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None) -> tuple:
     """``(held, transients)`` of one fused group on ``grid`` (a :class:`deinsum.grids.GridChoice`), in
-    ``rounds`` ``(index, T)`` or None: its result block held (the program keeps it to the end); while its
+    ``rounds`` ``(index, T)`` or None: its result block held whole (the program keeps it to the end); while its
     kernel runs (``contract_group``: one call computes every step), its intermediate steps' outputs and each
-    step's operand copies on top, one round's part of those that hold the index, and in rounds a piece of the
-    round's partial result (see ``Runtime.contract_round``: each round runs the group on ROUND_PIECES pieces
-    along the result's first index, so what holds that index is made or copied a piece at a time). The
-    planner counts a candidate group with the same terms."""
+    step's operand copies on top, one round's part of those that hold the index, and in rounds the round's
+    result: over a summed index a piece of its partial result (see ``Runtime.contract_round``: each round runs
+    the group on ROUND_PIECES pieces along the result's first index, so what holds that index is made or copied
+    a piece at a time), over a free index its slab of the result (``Runtime.contract_slab``). The planner counts
+    a candidate group with the same terms."""
     index, count = rounds or ("", 1)
-    first = output_subscripts[:1] if rounds else ""
+    first = output_subscripts[:1] if rounds and index not in output_subscripts else ""
     cut = lambda sub: (sub.index(index), count) if index and index in sub else ()  # noqa: E731
     piece = lambda sub: cut(sub) + ((sub.index(first), ROUND_PIECES) if first and first in sub else ())  # noqa: E731
     block = lambda sub: grid.layout(sub, sizes, partial=False)  # noqa: E731
     result = ((block(output_subscripts), 1, 0, piece(output_subscripts)),) if rounds else ()
     inner = tuple((block(s.output), 1, 0, piece(s.output)) for s in steps[:-1])
-    held = ((block(output_subscripts), 1, 0, cut(output_subscripts)),)
+    held = ((block(output_subscripts), 1, 0, ()),)
     return held, tuple(inner + tuple((block(sub), 1, 0, piece(sub)) for sub in s.subscripts) + result for s in steps)
 
 

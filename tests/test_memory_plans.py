@@ -111,9 +111,9 @@ def test_rounds_are_reported_in_text_and_json():
     (group,) = plan.groups
     assert group.rounds is not None and plan.feasible
     index, count = group.rounds
-    assert f"in {count} rounds over {index}" in str(plan)
+    assert f"in {count} rounds over {index} (summed)" in str(plan)
     data = json.loads(json.dumps(plan.to_dict()))
-    assert data["groups"][0]["rounds"] == {"index": index, "count": count}
+    assert data["groups"][0]["rounds"] == {"index": index, "count": count, "kind": "summed"}
     assert data["peak_bytes_per_rank_max"] == int(footprint(plan).max()) <= data["memory_bytes_per_rank"]
     assert plan.memory > SLACK
 
