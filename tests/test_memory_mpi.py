@@ -10,10 +10,12 @@ import pytest
 
 from mpirun import check_mpi
 
-JOB = """
+#: What both jobs start with: the resident-set figures of /proc/self/status, in bytes.
+PRELUDE = """
+import contextlib, io, sys, types
 import numpy as np, deinsum
 from mpi4py import MPI
-from deinsum.footprint import footprint
+from deinsum.footprint import SLACK, footprint
 
 comm = MPI.COMM_WORLD
 
@@ -21,7 +23,9 @@ def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
+"""
 
+JOB = PRELUDE + """
 for eq, sizes, factor in CASES:
     shapes = [tuple(sizes[c] for c in s) for s in eq.split("->")[0].split(",")]
     deinsum.einsum(eq, *(np.ones([2] * len(s)) for s in shapes))   # libraries loaded (BLAS, MKL, MPI's paths)
@@ -69,19 +73,7 @@ def test_peak_resident_memory_stays_within_the_budget(nprocs, cases, tmp_path):
     assert out.strip().splitlines()[-1] == "OK", out
 
 
-FREE_ROUNDS_JOB = """
-import contextlib, io, sys, types
-import numpy as np, deinsum
-from mpi4py import MPI
-from deinsum.footprint import SLACK, footprint
-
-comm = MPI.COMM_WORLD
-
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-
+FREE_ROUNDS_JOB = PRELUDE + """
 deinsum.einsum("ij,jk->ik", np.ones((2, 2)), np.ones((2, 2)))   # libraries loaded (BLAS, MPI's paths)
 rng = np.random.default_rng(0)
 for n, (eq, sizes, inputs, result, eighths) in enumerate(CASES):
