@@ -300,9 +300,9 @@ class Plan:
                          + (f"; {g.grid.idle} idle: {g.grid.reason}" if g.grid.idle else ""))
             if g.rounds:
                 index, count = g.rounds
-                lines.append(f"    in {g.rounds_text}: each moves 1/{count} of the blocks that hold {index} and "
-                             + ("makes that slab of the result (blocks without it move once and stay)"
-                                if g.free_rounds else "adds its partial result") + " (the same bytes in all)")
+                lines.append(f"    in {g.rounds_text}: each moves 1/{count} of the blocks that hold {index} (the same "
+                             + ("bytes in all; those without it move once and stay) and makes that slab of the result"
+                                if g.free_rounds else "bytes in all) and adds its partial result"))
             if self.bound is not None:
                 lines.append(f"    receives {_human(g.grid.volume * size)} per rank (busiest) in its moves; its bound "
                              f"as one statement {_human(self.bound.per_group[g.index] * size)} (its data, received "
