@@ -187,7 +187,8 @@ def _listing(plan) -> str:
             continue
         g = item.group
         reads = ", ".join(_name(name) for name, _ in g.reads)
-        functions.append(_group_function(g, [(m, index[id(m)]) for m in pending], reads))
+        functions.append(_group_function(g, [(m, index[id(m)]) for m in pending], reads,
+                                         layouts[g.result_block(d.sizes)]))
         body.append(f"    {_name(g.output)} = group{g.index}(rt, {reads})")
         pending = []
     body += [line for m in pending for line in _move_lines(m, index[id(m)])]
@@ -200,14 +201,16 @@ def _listing(plan) -> str:
     return "\n\n\n".join(functions + ["\n".join(run)]) + "\n"
 
 
-def _group_function(g, moves, reads) -> str:
+def _group_function(g, moves, reads, block: str) -> str:
+    """Group ``g``'s function: the ``moves`` into it, its local steps (in rounds: a loop); ``block`` names the
+    layout of its result blocks."""
     grid = f"GRID{g.index}"
     dims = ", ".join(f"{c}={p}" for c, p in zip(g.indices, g.grid.dims))
     lines = [f"def group{g.index}(rt, {reads}):",
              f'    """{"; ".join(s.operation for s in g.steps)} on grid {g.index} ({dims}), {g.grid.used} rank(s)'
              + (f"; {g.grid.idle} idle" if g.grid.idle else "") + '."""']
     if g.rounds:
-        lines += _round_lines(g, moves, grid)
+        lines += _round_lines(g, moves, grid, block)
     else:
         for m, k in moves:
             lines += _move_lines(m, k)
@@ -220,16 +223,18 @@ def _group_function(g, moves, reads) -> str:
     return "\n".join(lines)
 
 
-def _round_lines(g, moves, grid) -> list[str]:
+def _round_lines(g, moves, grid, block) -> list[str]:
     """A group in rounds: each round brings its part of the moved blocks (one step of their moves), takes
-    its part of the blocks held in place, and adds its partial result into the group's."""
+    its part of the blocks held in place, and adds its partial result into the group's (over a summed index)
+    or makes that slab of it (over a free index: the blocks without the index moved once, before the loop)."""
     index, count = g.rounds
     rounded = {m.tensor: (m, k) for m, k in moves if m.rounds}
     lines = [line for m, k in moves if not m.rounds for line in _move_lines(m, k)]
     lines += [f"    # {m.label}: {m.src} -> {m.dst}, one part along axis {m.rounds[0]} per round"
               for m, _ in rounded.values()]
     out, parts = _name(g.output), []
-    lines += [f"    {out} = None", f"    for t in range({count}):  # rounds over {index}: the sum of their results"]
+    what = "slab t of the result" if g.free_rounds else "the sum of their results"
+    lines += [f"    {out} = None", f"    for t in range({count}):  # {g.rounds_text}: {what}"]
     for name, sub in g.reads:
         if name in rounded:
             m, k = rounded[name]
@@ -244,7 +249,9 @@ def _round_lines(g, moves, grid) -> list[str]:
         elif index in sub:
             lines.append(f"        {_name(name)}_t = rt.slab({_name(name)}, {sub.index(index)}, {count}, t)")
         parts.append(f"{_name(name)}_t" if name in rounded or index in sub else _name(name))
-    lines.append(f"        {out} = rt.contract_round({grid}, {out}, {tuple(sub for _, sub in g.reads)!r}, "
+    call = (f"rt.contract_slab({block}, {out}, {g.output_subscripts.index(index)}, {count}, t, " if g.free_rounds
+            else f"rt.contract_round({grid}, {out}, ")
+    lines.append(f"        {out} = {call}{tuple(sub for _, sub in g.reads)!r}, "
                  f"{g.output_subscripts!r}, {', '.join(parts)})  # {', '.join(s.kind for s in g.steps)}")
     lines.append(f"        del {', '.join(p for p in parts if p.endswith('_t'))}")
     return lines

@@ -8,14 +8,14 @@ or emitted) holds at once on a rank, in bytes:
 * every block the program binds: each move's destination block and each group's
   result block on its grid (the program keeps its names to the end); in a group
   that runs in rounds, one round's part of the moved blocks that hold the rounds'
-  index (two rounds' parts of a move that prefetches: round t + 1's arrives while
-  round t computes);
+  index (a summed index, or a free one: then the result is made slab by slab; two rounds'
+  parts of a move that prefetches: round t + 1's arrives while round t computes);
 * the largest transient on top: while a group's kernel runs, what it makes (an MTTKRP:
   :func:`mttkrp_terms`; else its intermediate steps' outputs and a step's operand copies,
   transposes for BLAS), in rounds of one
   round's part and of the piece the kernel is called on (``Runtime.contract_round``
   cuts what holds the result's first index into ROUND_PIECES pieces), and a piece of
-  the round's partial result;
+  the round's partial result (over a free index: the round's slab of the result);
   or a reduction's staging buffers (partial sums received before they are added)
   and the copy that releases them (a reduction in parts: one part's);
 * ``SLACK`` bytes for numpy's iterator buffers (a broadcast multiply buffers 2 x 8192
@@ -69,18 +69,20 @@ def footprint_terms(plan) -> tuple:
 
 def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None) -> tuple:
     """``(held, transients)`` of one fused group on ``grid`` (a :class:`deinsum.grids.GridChoice`), in
-    ``rounds`` ``(index, T)`` or None: its result block held (the program keeps it to the end); while its
+    ``rounds`` ``(index, T)`` or None: its result block held whole (the program keeps it to the end); while its
     kernel runs (``contract_group``: one call computes every step), what it makes (:func:`mttkrp_terms`, else
     its intermediate steps' outputs and each step's operand copies), one round's part of those that hold the
-    index, and in rounds a piece of the round's partial result (``Runtime.contract_round`` runs the group on
-    ROUND_PIECES pieces along the result's first index). The planner counts a candidate group likewise."""
+    index, and in rounds the round's result: over a summed index a piece of its partial result
+    (``Runtime.contract_round`` runs the group on ROUND_PIECES pieces along the result's first index), over a
+    free index its slab of the result (``Runtime.contract_slab``). The planner counts a candidate group
+    likewise."""
     index, count = rounds or ("", 1)
-    first = output_subscripts[:1] if rounds else ""
+    first = output_subscripts[:1] if rounds and index not in output_subscripts else ""
     cut = lambda sub: (sub.index(index), count) if index and index in sub else ()  # noqa: E731
     piece = lambda sub: cut(sub) + ((sub.index(first), ROUND_PIECES) if first and first in sub else ())  # noqa: E731
     block = lambda sub: grid.layout(sub, sizes, partial=False)  # noqa: E731
     result = ((block(output_subscripts), 1, 0, piece(output_subscripts)),) if rounds else ()
-    held = ((block(output_subscripts), 1, 0, cut(output_subscripts)),)
+    held = ((block(output_subscripts), 1, 0, ()),)
     made = {s.name for s in steps}
     reads = tuple(sub for s in steps for name, sub in zip(s.operands, s.subscripts) if name not in made)
     form = mttkrp_form(reads, output_subscripts)

@@ -67,8 +67,10 @@ def mode_layout(mode: str, shape: tuple[int, ...], nprocs: int) -> Layout:
 @dataclass(frozen=True)
 class GroupPlan:
     """One fused group of binary steps, run on one Cartesian grid; with ``rounds`` ``(index, T)`` in T
-    rounds over a summed index: each round brings one part of the blocks that hold ``index`` and adds its
-    partial result into the group's (the same words moved, a T-th of those blocks held at a time)."""
+    rounds over one index: each round brings one part of the blocks that hold ``index`` (those without it move
+    once, before the rounds, and stay) and, over a summed index, adds its partial result into the group's, over
+    a free one (an index of the result) makes that slab of the result (the same words moved, a T-th of those
+    blocks held at a time)."""
 
     index: int
     steps: tuple[Step, ...]
@@ -81,6 +83,27 @@ class GroupPlan:
     @property
     def indices(self) -> str:
         return self.grid.indices
+
+    @property
+    def free_rounds(self) -> bool:
+        """Whether the group runs in rounds over a free index (its result made slab by slab)."""
+        return bool(self.rounds) and self.rounds[0] in self.output_subscripts
+
+    @property
+    def rounds_text(self) -> str:
+        """``T rounds over <index> (free)`` or ``(summed)``; empty without rounds.
+
+        >>> from deinsum.grids import GridChoice
+        >>> GroupPlan(0, (), GridChoice("ijk", (1, 1, 1), "ik", 1), (), "out", "ik", ("i", 4)).rounds_text
+        '4 rounds over i (free)'
+        """
+        if not self.rounds:
+            return ""
+        return f"{self.rounds[1]} rounds over {self.rounds[0]} ({'free' if self.free_rounds else 'summed'})"
+
+    def result_block(self, sizes) -> Layout:
+        """The layout of the group's result blocks on its grid (complete or partial sums: the same blocks)."""
+        return self.grid.layout(self.output_subscripts, sizes, partial=False)
 
 
 @dataclass(frozen=True)
@@ -304,8 +327,10 @@ class Plan:
             lines.append(f"    grid ({dims}) on {g.grid.used} of {self.nprocs} ranks"
                          + (f"; {g.grid.idle} idle: {g.grid.reason}" if g.grid.idle else ""))
             if g.rounds:
-                lines.append(f"    in {g.rounds[1]} rounds over {g.rounds[0]}: each moves 1/{g.rounds[1]} of the blocks "
-                             f"that hold {g.rounds[0]} and adds its partial result (the same bytes in all)")
+                index, count = g.rounds
+                lines.append(f"    in {g.rounds_text}: each moves 1/{count} of the blocks that hold {index} (the same "
+                             + ("bytes in all; those without it move once and stay) and makes that slab of the result"
+                                if g.free_rounds else "bytes in all) and adds its partial result"))
             if self.bound is not None:
                 lines.append(f"    receives {_human(g.grid.volume * size)} per rank (busiest) in its moves; its bound "
                              f"as one statement {_human(self.bound.per_group[g.index] * size)} (its data, received "
@@ -373,7 +398,8 @@ class Plan:
                            "tensors": {name: layout(g.grid.layout(sub, self.decomposition.sizes, partial=False), sub)
                                        for name, sub in g.reads} | {g.output: layout(g.grid.layout(
                                            g.output_subscripts, self.decomposition.sizes), g.output_subscripts)},
-                           "rounds": None if g.rounds is None else {"index": g.rounds[0], "count": g.rounds[1]},
+                           "rounds": None if g.rounds is None else {"index": g.rounds[0], "count": g.rounds[1],
+                                                                    "kind": "free" if g.free_rounds else "summed"},
                            "received_bytes_max": g.grid.volume * size,
                            "lower_bound_bytes": None if self.bound is None else self.bound.per_group[g.index] * size})
         return {"equation": self.equation, "nprocs": self.nprocs, "dtype": self.dtype.name,
@@ -757,11 +783,12 @@ class _Planner:
     def rounds(self, group_steps, choice: GridChoice, moves: list, final: Layout | None, held: np.ndarray,
                ranks: np.ndarray) -> tuple:
         """``(rounds, prefetch, added, peak)`` of a group on ``choice`` after ``held`` words: ``rounds`` ``(index, T)``
-        or None, the fewest over a summed index that keep the peak within the memory (else those of the least
-        peak), prefetching where the planner does and two rounds' moved parts fit; the words it adds to what ranks
-        hold, and its peak, counted with footprint.py's own terms: moved and computed blocks held (one round's part
-        where they hold the index), a step's operand copies (and a piece of the round's partial result) or a
-        reduction's staging on top; ``final``: where the result ends, if it moves."""
+        or None, the fewest over one index, summed or free (summed on a tie), that keep the peak within the memory
+        (else those of the least peak), prefetching where the planner does and two rounds' moved parts fit (rounds
+        over a summed index); the words it adds to what ranks hold, and its peak, counted with footprint.py's own
+        terms: moved and computed blocks held (one round's part where they hold the index), a step's operand copies
+        (and a piece of the round's partial result, or its slab of the result) or a reduction's staging on top;
+        ``final``: where the result ends, if it moves. Rounds over either kind move the same words."""
         sizes, out = self.sizes, group_steps[-1].output
         zero = np.zeros(ranks.size, dtype=np.int64)
         staging = [self.held_words(reduction_staging(src, dst), ranks) for _, _, src, dst, _ in moves if src.partial]
@@ -786,11 +813,13 @@ class _Planner:
         if first.max(initial=0) <= self.budget:
             return None, False, added, first
         partial_sources = "".join(sub for _, sub, src, _, _ in moves if src.partial)
-        summed = [c for c in choice.indices if c not in out and c not in partial_sources]
+        indices = sorted((c for c in choice.indices if c not in partial_sources), key=lambda c: c in out)
 
         def fewest(prefetch: bool) -> tuple:
             best = (int(first.max(initial=0)), 1, "", added, first)
-            for index in summed:
+            for index in indices:                   # summed first: they win ties; prefetch over summed ones only
+                if prefetch and index in out:
+                    continue
                 most = int(max(-(-sizes[index] // choice.dims[choice.indices.index(index)]), 1))
                 low, high = 2, most
                 if high < low:

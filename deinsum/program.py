@@ -156,7 +156,11 @@ def run_schedule(rt: Runtime, plan: Plan, operands: Sequence) -> np.ndarray | No
                     else:
                         blocks.append(rt.slab(tensors[name], sub.index(index), count, t) if index in sub
                                       else tensors[name])
-                total = rt.contract_round(g.grid.dims, total, subs, g.output_subscripts, *blocks)
+                if g.free_rounds:
+                    total = rt.contract_slab(g.result_block(d.sizes), total, g.output_subscripts.index(index), count,
+                                             t, subs, g.output_subscripts, *blocks)
+                else:
+                    total = rt.contract_round(g.grid.dims, total, subs, g.output_subscripts, *blocks)
                 del blocks
             tensors[g.output], in_rounds = total, {}
         elif rt.member(g.grid.dims):

@@ -11,11 +11,12 @@ import pytest
 
 from mpirun import check_mpi
 
-JOB = """
-import ctypes
+#: What both jobs start with: the resident-set figures of /proc/self/status, in bytes.
+PRELUDE = """
+import contextlib, ctypes, io, sys, types
 import numpy as np, deinsum
 from mpi4py import MPI
-from deinsum.footprint import footprint
+from deinsum.footprint import SLACK, footprint
 
 comm = MPI.COMM_WORLD
 
@@ -23,7 +24,9 @@ def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
+"""
 
+JOB = PRELUDE + """
 for eq, sizes, factor, prefetch in CASES:
     shapes = [tuple(sizes[c] for c in s) for s in eq.split("->")[0].split(",")]
     deinsum.einsum(eq, *(np.ones([2] * len(s)) for s in shapes))   # libraries loaded (BLAS, MKL, MPI's paths)
@@ -72,4 +75,80 @@ if comm.rank == 0:
 ])
 def test_peak_resident_memory_stays_within_the_budget(nprocs, cases, tmp_path):
     out = check_mpi(nprocs, JOB.replace("CASES", repr(cases), 1), tmp_path=tmp_path, timeout=300)
+    assert out.strip().splitlines()[-1] == "OK", out
+
+
+FREE_ROUNDS_JOB = PRELUDE + """
+deinsum.einsum("ij,jk->ik", np.ones((2, 2)), np.ones((2, 2)))   # libraries loaded (BLAS, MPI's paths)
+rng = np.random.default_rng(0)
+for n, (eq, sizes, inputs, result, eighths) in enumerate(CASES):
+    shapes = [tuple(sizes[c] for c in s) for s in eq.split("->")[0].split(",")]
+    prog = deinsum.compile(eq, *shapes, inputs=inputs, result=result)
+    free = prog.plan(nprocs=comm.size)
+    share = SLACK + free.data_share * 8
+    prog.memory = share + (free.peak_bytes - share) * eighths // 8
+    plan = prog.plan(nprocs=comm.size)
+    rounds = [g.rounds_text for g in plan.groups]
+    assert plan.feasible and any(g.free_rounds for g in plan.groups), (eq, rounds)
+    arrays = [rng.standard_normal(s) for s in shapes]
+    want = np.einsum(eq, *arrays)
+    if inputs == "local":
+        args = [a[b] for a, b in zip(arrays, prog.input_blocks(comm.rank, comm.size, result=result))]
+    else:
+        args = arrays if inputs == "global" or comm.rank == 0 else [None] * len(arrays)
+    prog(*args)                    # warm: the runtime's tables and datatypes (one per round) are made on a first call
+    before = status("VmRSS:")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    got = prog(*args)
+    peak = status("VmHWM:") - before + sum(a.nbytes for a in args if a is not None)   # with the caller's blocks
+    model = int(footprint(plan)[comm.rank])
+    assert peak <= model, (eq, rounds, peak, model)
+    assert prog.last_run.matches_model, (eq, prog.last_run)
+    if result == "distributed":
+        assert got.block is None or np.allclose(got.local, want[got.block]), eq
+    elif result == "all" or comm.rank == 0:
+        assert np.allclose(got, want), eq
+    del got
+    path = f"{TMP}/free{n}.py"
+    if comm.rank == 0:
+        prog.to_script(path, nprocs=comm.size)
+    comm.Barrier()
+    module = types.ModuleType("emitted")   # a module, as `python -m mpi4py` runs it
+    sys.modules["emitted"] = module
+    exec(compile(open(path).read(), path, "exec"), module.__dict__)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = module.script_main(module.__dict__, ["--validate", "--memory", str(prog.memory)])
+    text = out.getvalue()
+    assert code == 0 and (comm.rank or "validate: OK" in text and "measured bytes == model" in text), (eq, text)
+    if comm.rank == 0:
+        print(f"{eq} {inputs}->{result}: {', '.join(r for r in rounds if r)}; peak {peak:,} <= model {model:,}",
+              flush=True)
+if comm.rank == 0:
+    print("OK")
+"""
+
+#: Each case (equation, sizes, inputs, result, memory in eighths of the way from its data share to its unlimited
+#: peak) runs in rounds over a free index at its P: moved blocks in slabs (B of the matrix multiply at P = 3, both
+#: operands of the batched one), blocks cut in place, a free group after a summed one (the chain at P = 4).
+_MM, _BATCHED = dict(i=8192, j=32, k=256), dict(b=32, i=64, j=4, k=64)
+_TTM, _CHAIN = dict(i=64, j=64, k=4, l=64), dict(i=256, j=256, k=16, l=256)
+FREE_ROUNDS_CASES = {
+    1: [("ij,jk->ik", _MM, "local", "distributed", 6), ("bij,bjk->bik", _BATCHED, "root", "root", 7),
+        ("ijk,kl->ijl", _TTM, "global", "all", 7), ("ij,jk,kl->il", _CHAIN, "global", "all", 1)],
+    3: [("ij,jk->ik", _MM, "local", "distributed", 6), ("ij,jk->ik", dict(i=1024, j=8, k=256), "local", "distributed", 7),
+        ("bij,bjk->bik", _BATCHED, "root", "root", 7), ("ijk,kl->ijl", _TTM, "global", "distributed", 4)],
+    4: [("ij,jk->ik", _MM, "global", "all", 6), ("ij,jk,kl->il", _CHAIN, "local", "distributed", 4),
+        ("bij,bjk->bik", _BATCHED, "global", "distributed", 3), ("ijk,kl->ijl", _TTM, "local", "distributed", 7)],
+}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
+@pytest.mark.parametrize("nprocs", sorted(FREE_ROUNDS_CASES))
+def test_free_index_rounds_equal_numpy_and_model_in_process_and_as_scripts(nprocs, tmp_path):
+    """Plans in rounds over a free index, one launch per P: in process equal to numpy with bytes == model and a
+    peak (VmHWM, a warm call) within the footprint; their emitted scripts validate with bytes == model."""
+    job = FREE_ROUNDS_JOB.replace("CASES", repr(FREE_ROUNDS_CASES[nprocs]), 1).replace("TMP", repr(str(tmp_path)), 1)
+    out = check_mpi(nprocs, job, tmp_path=tmp_path, timeout=300)
     assert out.strip().splitlines()[-1] == "OK", out

@@ -7,6 +7,7 @@ import pytest
 
 from deinsum.cli import main
 from deinsum.decompose import decompose
+from deinsum.emit import generate
 from deinsum.footprint import SLACK, footprint
 from deinsum.layout import Layout
 from deinsum.plan import build_plan
@@ -113,9 +114,9 @@ def test_rounds_are_reported_in_text_and_json():
     (group,) = plan.groups
     assert group.rounds is not None and plan.feasible
     index, count = group.rounds
-    assert f"in {count} rounds over {index}" in str(plan)
+    assert f"in {count} rounds over {index} (summed)" in str(plan)
     data = json.loads(json.dumps(plan.to_dict()))
-    assert data["groups"][0]["rounds"] == {"index": index, "count": count}
+    assert data["groups"][0]["rounds"] == {"index": index, "count": count, "kind": "summed"}
     assert data["peak_bytes_per_rank_max"] == int(footprint(plan).max()) <= data["memory_bytes_per_rank"]
     assert plan.memory > SLACK
 
@@ -166,3 +167,53 @@ def test_suite_plans_fit_tight_memory_near_the_constructions(kernel, nprocs):
     plan, construction = _suite_plan(kernel, nprocs, 1.3)
     assert plan.feasible, (plan.peak_bytes, plan.memory)
     assert int(plan.received_bytes().max()) // 8 <= 1.10 * construction
+
+
+def _fair_plan(eq, sizes, nprocs, share_factor=None):
+    """``eq`` from the fair start with ``share_factor`` x (its data share + SLACK) per rank (None: unlimited)."""
+    d = decompose(eq, *[tuple(sizes[c] for c in sub) for sub in eq.split("->")[0].split(",")])
+    unlimited = build_plan(d, nprocs, memory=2**62, inputs="local", result="distributed")
+    if share_factor is None:
+        return unlimited
+    memory = int(share_factor * (unlimited.data_share * 8 + SLACK))
+    return build_plan(d, nprocs, memory=memory, inputs="local", result="distributed")
+
+
+def test_free_rounds_fit_a_matrix_multiply_whose_summed_index_is_short():
+    """B (128 x 2048) small and replicated on a 16 x 1 x 1 grid, j = 128 short: rounds over j cut only A and B, which
+    are small, so no plan with summed rounds fits 1.1x the data share (the planner before free rounds: INFEASIBLE,
+    least peak 41,060,352 > 40,514,355 bytes); 24 rounds over k (free) bring B's all-gather a slab at a time and
+    make C's block slab by slab: it fits, moving what the unlimited plan moves."""
+    plan = _fair_plan("ij,jk->ik", dict(i=32768, j=128, k=2048), 16, 1.1)
+    (group,) = plan.groups
+    assert plan.feasible and group.free_rounds and group.rounds[0] == "k", (plan.peak_bytes, group.rounds)
+    assert [m.rounds for m in plan.moves if m.tensor == "in1"] == [(1, group.rounds[1])]   # B's slabs along k
+    unlimited = _fair_plan("ij,jk->ik", dict(i=32768, j=128, k=2048), 16)
+    assert int(plan.received_bytes().max()) == int(unlimited.received_bytes().max())
+    assert f"in {group.rounds_text}: each moves" in str(plan) and group.rounds_text.endswith("over k (free)")
+    assert plan.to_dict()["groups"][0]["rounds"] == {"index": "k", "count": group.rounds[1], "kind": "free"}
+    listing = generate(plan)             # the emitted script's loop: B's slab moved, C's slab made, each round
+    assert f"for t in range({group.rounds[1]}):  # {group.rounds_text}: slab t of the result" in listing
+    assert "in1_t = rt.allgather(in1, move=0, step=t" in listing and "= rt.contract_slab(" in listing
+
+
+def test_free_rounds_lower_the_volume_of_a_chain():
+    """ij,jk,kl->il (k = 64 short) at P = 4 with 1.2x the data share: with summed rounds only the planner ran the
+    whole chain as one group in 1,024 rounds over j, its busiest rank receiving 6,684,672 bytes; rounds over l
+    (free) let the second group keep its grid, 786,432 bytes (the unlimited plan: 655,360)."""
+    plan = _fair_plan("ij,jk,kl->il", dict(i=1024, j=1024, k=64, l=1024), 4, 1.2)
+    assert plan.feasible and any(g.free_rounds for g in plan.groups), [g.rounds for g in plan.groups]
+    unlimited = _fair_plan("ij,jk,kl->il", dict(i=1024, j=1024, k=64, l=1024), 4)
+    assert int(plan.received_bytes().max()) <= 1.25 * int(unlimited.received_bytes().max()) < 6_684_672 / 4
+
+
+def test_a_free_round_holds_the_result_whole_and_one_slab_of_the_rest():
+    """footprint.group_terms over a free index: the result block held whole; on top, the round's cut of every
+    operand and intermediate that holds the index, and the round's slab of the result (no pieces)."""
+    from deinsum.footprint import group_terms
+    from deinsum.grids import GridChoice
+    d = decompose("ij,jk->ik", (8, 6), (6, 10))
+    grid = GridChoice("ijk", (2, 1, 1), "ik", 2)
+    held, (transient,) = group_terms(grid, d.steps, "ik", d.sizes, ("k", 5))
+    assert [cut for _, _, _, cut in held] == [()]
+    assert [cut for _, _, _, cut in transient] == [(), (1, 5), (1, 5)]   # A whole, B's and C's slab along k

@@ -247,6 +247,22 @@ class Runtime:
             del part
         return total
 
+    def contract_slab(self, layout, total, axis, rounds, t, inputs, output, *blocks):
+        """Round ``t`` of a group run in ``rounds`` over a free index: its statement on this round's blocks makes
+        slab ``t`` along ``axis`` of this rank's result block (of ``layout``, a Layout or its literal), placed into
+        ``total`` (the whole block, made at the first round; None before it); None off the group's grid."""
+        layout = layout if isinstance(layout, Layout) else Layout(*layout)
+        shape = layout.local_shape(self.rank)
+        if shape is None:
+            return None
+        part = self.contract_group(inputs, output, *blocks)
+        with self.clock("compute"):
+            if total is None:
+                total = array_module(part).empty(shape, dtype=part.dtype)
+            start, stop = (int(v) for v in block_range(shape[axis], rounds, t))
+            total[(slice(None),) * axis + (slice(start, stop),)] = part
+        return total
+
     def in_parts(self, kind, x, move, axis, parts, comm=None):
         """Move ``move`` in its ``parts`` steps (a direct reduction after a group in rounds), each bringing one
         part of this rank's destination block along ``axis``, placed into it as it comes (None where this rank
