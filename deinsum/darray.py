@@ -42,7 +42,7 @@ from .runtime.npyio import npy_header, read_block, save_blocks
 from .errors import DeinsumError
 from .options import CASTINGS, as_dtype, check_choice
 from .layout import Layout
-from .pins import pin_layout
+from .placement import pin_layout
 from .schedule import Move
 
 __all__ = ["DistributedArray", "as_layout"]

@@ -329,7 +329,7 @@ class Layout:
         return self._boxes(self._at(ranks))
 
     def holdings_of(self, ranks: np.ndarray) -> tuple[np.ndarray, ...]:
-        """``(lo, hi, block, summand, replica, held)`` at ``ranks`` at once (:meth:`boxes_of`, :meth:`block_index`,
+        """``(lo, hi, block, summand, replica, held)`` at ``ranks`` at once (:meth:`boxes_of`, the block index per axis,
         :meth:`summand_index`, :meth:`replica_index`, ``ranks < nranks``), the coordinates computed once;
         read-only arrays, kept per layout and ranks up to KEPT_RANKS ranks.
 
@@ -401,14 +401,6 @@ class Layout:
             start, stop = nested_range(n, self.axis_parts(x), [coords[g] for g in self.axis_dims(x)])
             lo[:, x], hi[:, x] = per_rank(start) * held, per_rank(stop) * held
         return lo, hi
-
-    def block_index(self, ranks: np.ndarray) -> np.ndarray:
-        """Per rank (rows) and tensor axis, which block of :meth:`axis_bounds` the rank holds (0 if idle).
-
-        >>> Layout((5, 7), grid=(2, 3), axes=(1, None)).block_index(np.arange(7))[:, 0].tolist()
-        [0, 1, 2, 0, 1, 2, 0]
-        """
-        return self._block_index(self._at(ranks))
 
     def _block_index(self, at: tuple) -> np.ndarray:
         coords, held, per_rank = at
@@ -510,31 +502,6 @@ class Layout:
         if not shape:
             return cls.on_root(shape, nprocs)
         return cls(shape, balanced_split(shape, nprocs), tuple(range(len(shape))))
-
-    def spread(self) -> Layout:
-        """This layout with its replicated grid dimensions also splitting axes: no replication left.
-
-        Each replicated dimension (largest first) nests under the axis whose
-        blocks are then longest, so every rank holds a distinct, even piece of
-        its replication group's block: the "home" of a tensor on a compute grid,
-        from which an all-gather inside the replication group makes the block.
-
-        >>> Layout((8, 6), grid=(2, 3), axes=(0, None)).spread().axes
-        (0, 1)
-        >>> Layout((8, 3), grid=(2, 4), axes=(0, None)).spread().axes   # rows 4 long, columns 3: split rows
-        ((0, 1), None)
-        """
-        if self.partial:
-            raise DeinsumError(f"layout {self}: a partial layout cannot be spread")
-        if not self.shape:
-            return self
-        nest = [list(self.axis_dims(x)) for x in range(len(self.shape))]
-        for g in sorted(self.replicated_dims, key=lambda g: (-self.grid[g], g)):
-            if self.grid[g] == 1:
-                continue
-            extent = [-(-n // math.prod(self.grid[d] for d in dims)) for n, dims in zip(self.shape, nest)]
-            nest[int(np.argmax(extent))].append(g)
-        return Layout(self.shape, self.grid, tuple(tuple(d) if d else None for d in nest))
 
 
 #: :meth:`Layout.holdings_of` keeps its arrays at up to this many ranks (by layout and ranks): the planner's

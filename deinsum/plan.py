@@ -26,7 +26,7 @@ from .errors import DeinsumError
 from .options import as_ranks, check_choice
 from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
 from .layout import Layout, balanced_split, block_range
-from .pins import pin_layout
+from .placement import pin_layout, spread
 from .redistribute import received_words, reduce_split, sample_ranks
 from .footprint import ROUND_PIECES, SLACK, footprint, group_terms, moved_term, reduction_staging, term_words
 from .schedule import Compute, Move, Prepass, unary_layouts
@@ -496,7 +496,7 @@ def _home(layout: Layout) -> Layout:
     >>> _home(Layout((8,), grid=(2, 2), axes=(0,), partial=(1,))).axes
     ((0, 1),)
     """
-    return Layout(layout.shape, layout.grid, layout.axes).spread()
+    return spread(Layout(layout.shape, layout.grid, layout.axes))
 
 
 def _exit_phase(made: Layout, finish: Layout | None, nprocs: int) -> str:

@@ -30,7 +30,7 @@ from .decompose import decompose
 from .errors import DeinsumError
 from .options import as_dtype
 from .layout import Layout
-from .pins import pin_layout
+from .placement import pin_layout
 from .plan import Plan
 from .program import Program
 

@@ -12,6 +12,7 @@ import deinsum.layout
 from deinsum.errors import DeinsumError
 from deinsum.grids import GridChoice, candidate_grids, estimate_words
 from deinsum.layout import Layout, block_bounds, ordered_factorisations
+from deinsum.placement import spread
 
 MM = ("ijk", ("ij", "jk"), "ik")
 MTTKRP3 = ("ijka", ("ijk", "ja", "ka"), "ia")
@@ -108,7 +109,7 @@ def test_spread_layouts_partition_the_tensor(shape, grid, data):
         x = data.draw(st.integers(-1, len(shape) - 1))
         if x >= 0 and axes[x] is None:
             axes[x] = g
-    home = Layout(shape, grid, tuple(axes)).spread()
+    home = spread(Layout(shape, grid, tuple(axes)))
     assert home.replicated_dims == tuple(g for g in range(len(grid)) if grid[g] == 1 and g not in home.split_dims)
     count = np.zeros(shape, dtype=int)
     for rank in range(home.nranks):

@@ -20,7 +20,7 @@ LAYERS = [
     ["deinsum.decompose"],                   # front end: grammar, binary steps
     ["deinsum.soap"],                        # bounds
     ["deinsum.layout"],                      # layouts and block arithmetic
-    ["deinsum.grids", "deinsum.pins"],       # the grid search; layouts the caller pins
+    ["deinsum.grids", "deinsum.placement"],  # the grid search; where tensors are placed
     ["deinsum.tables"],                      # moves: each rank's exchange tables (emitted scripts carry them)
     ["deinsum.redistribute"],                # moves: their volume model and the decisions a plan takes once
     ["deinsum.schedule", "deinsum.footprint"],  # typed schedule entries, a plan's peak memory per rank

@@ -1,14 +1,18 @@
-"""Pinned layouts: a :class:`~deinsum.layout.Layout` named by the caller (a Layout, a mode name or a short
-text), checked against a tensor's shape and the number of ranks (the planner's; emitted scripts do not carry it).
+"""Where the planner places tensors (emitted scripts do not carry it): layouts the caller pins (a
+:class:`~deinsum.layout.Layout`, a mode name or a short text, checked against a tensor's shape and the number of
+ranks), and the home a tensor spreads to on a compute grid.
 """
 from __future__ import annotations
 
+import math
 import re
+
+import numpy as np
 
 from .errors import DeinsumError
 from .layout import Layout
 
-__all__ = ["pin_layout"]
+__all__ = ["pin_layout", "spread"]
 
 
 def pin_layout(spec, shape: tuple[int, ...], nprocs: int, what: str) -> Layout:
@@ -50,3 +54,29 @@ def _parse_layout(text: str, shape: tuple[int, ...], what: str) -> Layout:
         raise DeinsumError(f"layout of {what}: {text!r} names {len(items)} axes, the tensor has {len(shape)}")
     axes = tuple(None if t == "-" else tuple(int(g) for g in t.split(".")) for t in items)
     return Layout(tuple(shape), grid, axes)
+
+
+def spread(layout: Layout) -> Layout:
+    """``layout`` with its replicated grid dimensions also splitting axes: no replication left.
+
+    Each replicated dimension (largest first) nests under the axis whose
+    blocks are then longest, so every rank holds a distinct, even piece of
+    its replication group's block: the "home" of a tensor on a compute grid,
+    from which an all-gather inside the replication group makes the block.
+
+    >>> spread(Layout((8, 6), grid=(2, 3), axes=(0, None))).axes
+    (0, 1)
+    >>> spread(Layout((8, 3), grid=(2, 4), axes=(0, None))).axes   # rows 4 long, columns 3: split rows
+    ((0, 1), None)
+    """
+    if layout.partial:
+        raise DeinsumError(f"layout {layout}: a partial layout cannot be spread")
+    if not layout.shape:
+        return layout
+    nest = [list(layout.axis_dims(x)) for x in range(len(layout.shape))]
+    for g in sorted(layout.replicated_dims, key=lambda g: (-layout.grid[g], g)):
+        if layout.grid[g] == 1:
+            continue
+        extent = [-(-n // math.prod(layout.grid[d] for d in dims)) for n, dims in zip(layout.shape, nest)]
+        nest[int(np.argmax(extent))].append(g)
+    return Layout(layout.shape, layout.grid, tuple(tuple(d) if d else None for d in nest))
