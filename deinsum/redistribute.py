@@ -10,8 +10,9 @@ that module, not this one), and move exactly what the model says.
   model says the busiest rank receives less from (an allreduce thus costs
   ``2n(R-1)/R`` words per rank instead of ``n(R-1)``). :func:`reduce_split` takes
   that decision, once for all ranks.
-* A phase whose blocks are regular (and, to be gathered, contiguous) runs MPI's collective of its name (:func:`deinsum.tables.collectives`);
-  the model counts what its algorithm moves (:func:`deinsum.tables.reduction_words`).
+* A phase whose blocks are regular (and, to be gathered, contiguous) runs MPI's collective of its name
+  (:func:`deinsum.tables.collectives`); the model counts what its algorithm moves
+  (:func:`deinsum.tables.reduction_words`).
 
 >>> plan = plan_redistribution(Layout.even((8, 4), 4), Layout.replicated((8, 4), 4), 4)
 >>> plan.words_received

@@ -161,8 +161,8 @@ class Transfer(_Step):
                 if math.prod(subsizes) > limit:
                     for at, z in _slabs(starts, subsizes, limit):
                         if add:   # contiguous in the staged piece: at its C-order offset
-                            offset = self.staged_at[peer] + size * sum(
-                                (a - s) * math.prod(subsizes[k + 1:]) for k, (a, s) in enumerate(zip(at, starts)))
+                            offset = self.staged_at[peer] + size * _offset([a - s for a, s in zip(at, starts)],
+                                                                           subsizes)
                             self.big_recvs.append((peer, offset, math.prod(z), element))
                         else:
                             self.big_recvs.append((peer, 0, 1, self._subarray(element, self.out_shape, z, at)))
@@ -255,9 +255,10 @@ class Collective(_Step):
                                           order=MPI.ORDER_C)
             self.datatypes.append(box.Create_resized(0, element.Get_extent()[1]).Commit())
             box.Free()
-        offsets = [_offset(s, self.in_shape) for _, s, _ in self.pieces] if self.kind == "reduce_scatter" else [1, 0]
-        self.in_order = offsets == sorted(offsets) and all(   # the pieces tile the block in order: no copy to send
-            contiguous(z, self.in_shape) for _, _, z in self.pieces)
+        self.in_order = False   # a reduce-scatter whose pieces tile the block in order sends it without a copy
+        if self.kind == "reduce_scatter":
+            offsets = [_offset(s, self.in_shape) for _, s, _ in self.pieces]
+            self.in_order = offsets == sorted(offsets) and all(contiguous(z, self.in_shape) for _, _, z in self.pieces)
 
     def __call__(self, block):
         rank = self.comm.Get_rank()
