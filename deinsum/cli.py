@@ -266,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("plan", cmd_plan, "groups, grids, layouts and bytes per rank for P ranks (no MPI needed)",
                 ("-P", "--nprocs"), True)
     p.add_argument("--json", action="store_true", help="JSON data")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="gpu: plan in a GPU's memory (without --memory: its free memory here, per rank sharing it)")
     e = command("emit", cmd_emit, "write a standalone mpi4py program", ("-P", "--nprocs"), True)
     e.add_argument("-o", "--script", required=True, help="the program file to write")
     e.add_argument("--device", choices=("cpu", "gpu"), default="cpu",

@@ -172,7 +172,7 @@ class Plan:
     exit: Layout
     schedule: tuple[Move | Compute, ...]   # in order
     pinned: tuple[str, ...] = ()
-    memory_default: bool = False         # memory is this machine's default, not given
+    memory_default: str = ""             # where a default memory came from ("": given)
     scores: tuple = ()                   # (partition, (modeled words of the busiest rank, fits)) of each scored
     fusion: tuple = ()                   # candidate, and the plan's partition: what ``bound`` is made from
 
@@ -311,8 +311,8 @@ class Plan:
                  f"  inputs: {INPUT_MODES[self.inputs]}; result: {RESULT_MODES[self.result]}"
                  + (f"; pinned: {', '.join(self.pinned)}" if self.pinned else ""),
                  f"  memory per rank: {_human(self.memory)} ({self.memory:,} bytes"
-                 + (f"; default: this machine's free memory / {planning_ranks(self.nprocs)} rank(s), pass "
-                    f"memory= or --memory for the real figure)" if self.memory_default else ")")
+                 + (f"; default: {self.memory_default}, pass memory= or --memory for the real figure)"
+                    if self.memory_default else ")")
                  + (f"; peak {_human(self.peak_bytes)}" if self.feasible else
                     f"; INFEASIBLE: the least peak per rank of any plan found is {self.peak_bytes:,} bytes"
                     + ("" if self.holds_data_share else f" (the data's share alone is {self.data_share * size:,})")),
@@ -405,7 +405,7 @@ class Plan:
         return {"equation": self.equation, "nprocs": self.nprocs, "dtype": self.dtype.name,
                 "inputs": self.inputs, "result": self.result, "pinned": list(self.pinned),
                 "memory_bytes_per_rank": self.memory,
-                "memory_default": self.memory_default, "feasible": self.feasible,
+                "memory_default": self.memory_default or None, "feasible": self.feasible,
                 "peak_bytes_per_rank_max": self.peak_bytes,
                 "memory_needed_bytes_per_rank": None if self.feasible else self.peak_bytes,
                 "data_share_bytes_per_rank": self.data_share * size,
@@ -877,8 +877,11 @@ def _group_volume(items, group_index: int) -> int:
 
 def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memory: int | None = None,
                inputs: str = "local", result: str = "distributed",
-               layouts: Mapping[str, object] | None = None, prefetch: bool = False) -> Plan:
-    """Plan ``decomposition`` on ``nprocs`` ranks (pure; no MPI needed).
+               layouts: Mapping[str, object] | None = None, prefetch: bool = False,
+               memory_default: str = "") -> Plan:
+    """Plan ``decomposition`` on ``nprocs`` ranks (pure; no MPI needed) in ``memory`` bytes per rank (default:
+    :func:`~deinsum.memory.default_memory` of :func:`planning_ranks`; a caller that chose a default itself
+    says where it came from in ``memory_default``, which the plan prints).
 
     ``inputs``/``result`` say where the operands start and the result ends (see
     INPUT_MODES, RESULT_MODES); under ``"local"``/``"distributed"`` the planner
@@ -900,8 +903,10 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     check_choice("inputs", inputs, INPUT_MODES)
     check_choice("result", result, RESULT_MODES)
     dtype = np.dtype(dtype)
-    memory_default = memory is None
-    memory = default_memory(planning_ranks(nprocs)) if memory_default else as_bytes(memory, error=DeinsumError)
+    if memory is None:
+        memory = default_memory(planning_ranks(nprocs))
+        memory_default = f"this machine's free memory / {planning_ranks(nprocs)} rank(s)"
+    memory = as_bytes(memory, error=DeinsumError)
     pins = dict(pin_names(layouts))
     check_pins(d, pins)
     shape_of = lambda sub: tuple(d.sizes[c] for c in sub)  # noqa: E731

@@ -23,7 +23,7 @@ from .runtime.checks import agree, check_cast, check_launch, check_memory, check
 from .runtime.checks import node_place
 from .runtime.checks import kept_on, unanimous, write_atomically
 from .emit import generate
-from .runtime.gpu import is_device_array, open_device
+from .runtime.gpu import device_bytes, gpu_memory, is_device_array, open_device
 from .runtime.blas import gemm_library
 from .runtime.kernels import contract_pair, group_strategy, unary
 from .runtime.runner import Runtime, pin_blas_threads
@@ -33,7 +33,7 @@ from .errors import DeinsumError
 from .options import CASTINGS, as_dtype, as_ranks, check_choice
 from .footprint import footprint
 from .memory import as_bytes, default_memory
-from .plan import INPUT_MODES, RESULT_MODES, Plan, bound_notes, build_plan, check_pins, pin_names
+from .plan import INPUT_MODES, RESULT_MODES, Plan, bound_notes, build_plan, check_pins, pin_names, planning_ranks
 from .schedule import Move, Prepass
 from .soap import analyze
 
@@ -227,8 +227,11 @@ class Program:
             raise DeinsumError("the number of ranks is unknown: pass nprocs")
         dtype = as_dtype(dtype if dtype is not None else self.dtype if self.dtype is not None else np.float64)
         pins = pin_names({**dict(pin_names(self.layouts)), **dict(pin_names(layouts))})
-        return _plan(self.equation, shapes, nprocs, dtype, self.memory if memory is None else memory,
-                     inputs or self.inputs, result or self.result, pins, self.prefetch)
+        memory, default = self.memory if memory is None else memory, ""
+        if memory is None and self.device == "gpu":
+            memory, default = _gpu_default_memory(nprocs)
+        return _plan(self.equation, shapes, nprocs, dtype, memory, inputs or self.inputs, result or self.result,
+                     pins, self.prefetch, default)
 
     def _ranks(self, nprocs) -> int | None:
         """``nprocs`` (else the compiled one, else None) checked as a number of ranks."""
@@ -328,9 +331,12 @@ class Program:
         comm, inputs, result, pins, held, failure = self._call_modes(arrays, comm, inputs, result)
         shapes, dtype = self._agreed_facts(arrays, comm, inputs, result, pins, held, failure)
         blocks = [a.local if isinstance(a, DistributedArray) else a for a in arrays]
-        plan, operands = self._agreed_plan(comm, shapes, dtype, inputs, result, pins, blocks)
+        device = open_device(comm, DeinsumError) if self.device == "gpu" else None   # its memory bounds the plan
+        plan, operands = self._agreed_plan(comm, shapes, dtype, inputs, result, pins, blocks, device)
         self._pin_threads(comm)
-        device = self._device(comm, plan)
+        if device is not None:   # (every rank at once: one out of memory must not leave others waiting)
+            collectively(comm, device.check_memory, int(footprint(plan)[comm.rank]), DeinsumError,
+                         device_bytes(blocks), error=DeinsumError)
         out = self._run(plan, comm, device, operands, blocks)
         if result == "distributed":
             return DistributedArray(out, plan.dtype, layout=plan.exit, comm=comm)
@@ -361,8 +367,9 @@ class Program:
             shapes, dtype = comm.bcast((shapes, dtype), root=0)
         return shapes, dtype
 
-    def _agreed_plan(self, comm, shapes, dtype, inputs, result, pins, blocks) -> tuple:
-        """The plan at the memory every rank has, checked to fit it, and this rank's operands as it takes them.
+    def _agreed_plan(self, comm, shapes, dtype, inputs, result, pins, blocks, device=None) -> tuple:
+        """The plan at the memory every rank has (by default its share of the node's free memory, and of its
+        GPU's on ``device``), checked to fit it, and this rank's operands as it takes them.
 
         A repeat of this rank's last checked call reuses its plan, if every rank repeats a call with the same
         memory: each rank's cache holds its own last call (on any communicator), so the ranks vote, in one
@@ -375,7 +382,8 @@ class Program:
         if unanimous(comm, cached is not None, given):
             plan, memory = cached, given
         else:   # the memory every rank has (the node's free memory shared by its ranks, or as given), then the plan
-            mine = self.memory if self.memory is not None else default_memory(node_ranks)
+            mine = self.memory if self.memory is not None else collectively(
+                comm, _memory_here, node_ranks, device, blocks, error=DeinsumError)
             memory = comm.allreduce(mine, op=MPI.MIN)
             plan = collectively(comm, self.plan, shapes, comm.size, dtype, inputs, result, dict(pins), memory,
                                 error=DeinsumError)
@@ -390,15 +398,6 @@ class Program:
         if self.threads == "auto" and node_ranks > _PINNED[0]:
             pin_blas_threads(node_ranks)
             _PINNED[0] = node_ranks
-
-    def _device(self, comm, plan):
-        """The GPU of a program compiled with ``device='gpu'`` (agreed; opened once per communicator), checked to
-        hold this rank's peak on every rank at once (one out of memory must not leave others waiting)."""
-        if self.device != "gpu":
-            return None
-        device = open_device(comm, DeinsumError)
-        collectively(comm, device.check_memory, int(footprint(plan)[comm.rank]), DeinsumError, error=DeinsumError)
-        return device
 
     def _run(self, plan, comm, device, operands, blocks):
         """Run the plan's schedule on this rank's operands and record the run (``last_run``, ``last_plan``)."""
@@ -559,5 +558,27 @@ def _entry_shapes(plan: Plan, rank: int) -> tuple:
 
 
 @lru_cache(maxsize=128)
-def _plan(equation, shapes, nprocs, dtype, memory, inputs, result, pins=(), prefetch=False) -> Plan:
-    return build_plan(decompose(equation, *shapes), nprocs, dtype, memory, inputs, result, dict(pins), prefetch)
+def _plan(equation, shapes, nprocs, dtype, memory, inputs, result, pins=(), prefetch=False, default="") -> Plan:
+    return build_plan(decompose(equation, *shapes), nprocs, dtype, memory, inputs, result, dict(pins), prefetch,
+                      default)
+
+
+def _memory_here(node_ranks: int, device, blocks) -> int:
+    """The default memory of this rank: its share of the node's free memory and, on ``device``, no more than its
+    share of the GPU with the bytes its operands (``blocks``) already hold there."""
+    memory = default_memory(node_ranks)
+    return memory if device is None else min(memory, device.memory + device_bytes(blocks))
+
+
+def _gpu_default_memory(nprocs: int) -> tuple[int, str]:
+    """The default memory per rank of a GPU plan made without MPI, and where it came from: the GPUs' share
+    (:func:`~deinsum.runtime.gpu.gpu_memory`) or the host's, whichever is less, for :func:`planning_ranks` ranks
+    on this node; the host's where no GPU is here (and the plan says so)."""
+    ranks = planning_ranks(nprocs)
+    host = default_memory(ranks)
+    try:
+        share, where = gpu_memory(ranks)
+    except RuntimeError:
+        return host, f"this machine's free memory / {ranks} rank(s), no GPU here"
+    return (share, where) if share <= host else (host, f"this machine's free memory / {ranks} rank(s), less than "
+                                                       f"its GPUs' share")

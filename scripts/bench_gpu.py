@@ -13,6 +13,9 @@ whichever the first call measured faster (``Device.contract``), with those timin
 Check (``mpiexec -n P python -m mpi4py scripts/bench_gpu.py --check``): the CPU path's result
 equals both GPU modes (float64 rtol 1e-10, float32 rtol 1e-4) and measured bytes == model on
 every rank. Inputs are generated on the GPU from one seed (the same on every rank).
+
+Memory (``mpiexec -n P python -m mpi4py scripts/bench_gpu.py --memory``): plans made for budgets of
+``--factors`` x the data share per rank, their peak GPU memory per rank measured (see :func:`memory`).
 """
 from __future__ import annotations
 
@@ -233,23 +236,95 @@ def check(args, cp):
                 comm.Abort(1)
 
 
+def memory(args, cp):
+    """Plans made for a memory budget on the GPU (``--factors`` x the data share per rank, fair start: local
+    inputs, distributed result): the GPU memory pool's high-water mark during the call, the rank's own blocks
+    included, against the budget and the plan's footprint, on every rank; the result against the same blocks
+    through the plan made with memory to spare, and both times."""
+    from mpi4py import MPI
+    from deinsum.footprint import footprint
+    comm = MPI.COMM_WORLD
+    pool = cp.get_default_memory_pool()
+    peak = [0]
+
+    def malloc(nbytes):
+        block = pool.malloc(nbytes)
+        peak[0] = max(peak[0], pool.used_bytes())
+        return block
+    cp.cuda.set_allocator(malloc)
+    if comm.rank == 0:
+        print(f"# GPU memory budgets on {comm.size} rank(s) sharing the node's GPUs, float64\n")
+        print("| kernel | sizes | memory x data share | memory per rank | rounds | peak / memory (max over ranks) "
+              "| model / peak (min over ranks) | bytes == model | max rel. diff to the unlimited plan "
+              "| s (budget) | s (unlimited) |")
+        print("|---" * 11 + "|")
+    for kernel in args.kernels:
+        eq = KERNELS[kernel][0]
+        sizes = gpu_sizes(kernel, args.gib, 8, args.mm_n, args.rank)
+        shapes = shapes_of(eq, sizes)
+        for factor in args.factors:
+            prog = deinsum.compile(eq, *shapes, inputs="local", result="distributed", device="gpu")
+            prog.memory = int(factor * prog.plan(nprocs=comm.size).data_share * 8)
+            plan = prog.plan(nprocs=comm.size)
+            spare = deinsum.compile(eq, *shapes, inputs="local", result="distributed", device="gpu", memory=2**62,
+                                    layouts={"out": plan.exit})
+            blocks = prog.input_blocks(comm.rank, comm.size)
+            rng = cp.random.default_rng(comm.rank)
+            local = [None if b is None else rng.random(tuple(s.stop - s.start for s in b)) for b in blocks]
+            seconds = []
+            for run in (prog, spare):   # the peak of a first call (it makes the tables), the time of a second
+                peak[0] = pool.used_bytes()
+                for _ in range(2):
+                    got = None
+                    cp.cuda.runtime.deviceSynchronize()
+                    comm.Barrier()
+                    start = time.perf_counter()
+                    got = run(*local)
+                    cp.cuda.runtime.deviceSynchronize()
+                    elapsed = time.perf_counter() - start
+                seconds.append(comm.allreduce(elapsed, op=MPI.MAX))
+                if run is prog:
+                    used, matches, mine = peak[0], prog.last_run.matches_model, got
+            diff = 0.0
+            if mine.block is not None:
+                diff = float(cp.max(cp.abs(mine.local - got.local)) / max(float(cp.max(cp.abs(got.local))), 1e-300))
+            model = int(footprint(plan)[comm.rank])
+            over = comm.allreduce(used / prog.memory, op=MPI.MAX)
+            slack = comm.allreduce(model / max(used, 1), op=MPI.MIN)
+            matches = comm.allreduce(int(not matches)) == 0
+            diff = comm.allreduce(diff, op=MPI.MAX)
+            if comm.rank == 0:
+                rounds = "; ".join(g.rounds_text for g in plan.groups if g.rounds) or "none"
+                print(f"| {kernel} | {','.join(f'{c}={n}' for c, n in sizes.items())} | {factor} "
+                      f"| {prog.memory / 2**30:.2f} GiB | {rounds} | {over:.3f} | {slack:.3f} "
+                      f"| {'yes' if matches else 'NO'} | {diff:.1e} | {seconds[0]:.2f} | {seconds[1]:.2f} |",
+                      flush=True)
+            prog.close()
+            spare.close()
+            local = got = mine = None
+            pool.free_all_blocks()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--bench", action="store_true", help="time the kernels at P = 1")
     mode.add_argument("--check", action="store_true", help="CPU path vs GPU under mpiexec (any P)")
+    mode.add_argument("--memory", action="store_true", help="peak GPU memory of plans for a budget (any P)")
     parser.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
     parser.add_argument("--gib", type=float, default=8.0, help="GiB of each kernel's tensor operand")
     parser.add_argument("--mm-n", type=int, default=16384, help="matrix size of the MM kernels")
     parser.add_argument("--rank", type=int, default=24, help="MTTKRP rank (TTMc ranks: a third of it)")
     parser.add_argument("--dtype", default="float64", help="benchmark dtype")
     parser.add_argument("--dtypes", nargs="+", default=["float64", "float32"], help="check dtypes")
+    parser.add_argument("--factors", nargs="+", type=float, default=[1.25, 1.5, 2.0],
+                        help="--memory: budgets, in multiples of the data share per rank")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-host", action="store_true", help="skip the host-mode columns (copies)")
     parser.add_argument("--gemm-n", type=int, default=8192, help="size of the square reference GEMM")
     args = parser.parse_args(argv)
     import cupy as cp
-    (bench if args.bench else check)(args, cp)
+    (bench if args.bench else check if args.check else memory)(args, cp)
 
 
 if __name__ == "__main__":

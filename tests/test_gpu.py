@@ -4,6 +4,8 @@ Without CuPy or a CUDA device the GPU tests skip, saying why, and the checks
 that ``device='gpu'`` fails there with one line run instead. The large-size
 acceptance runs are ``scripts/bench_gpu.py --check`` (see bench-results/gpu.md).
 """
+import json
+
 import numpy as np
 import pytest
 
@@ -50,6 +52,12 @@ def test_cli_run_on_gpu_without_a_gpu_exits_2_with_one_line(capfd):
     assert rc == 2
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: device='gpu'"), err
+
+
+@without_gpu
+def test_a_gpu_plan_made_without_a_gpu_says_its_memory_is_the_hosts(capsys):
+    assert main(["plan", "ij,jk->ik", "--size", "i=64,j=64,k=64", "-P", "4", "--device", "gpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_default"].endswith("rank(s), no GPU here")
 
 
 def test_a_script_emitted_for_the_cpu_refuses_device_gpu_in_one_line(tmp_path):
@@ -197,3 +205,110 @@ def test_emitted_script_on_gpu_validates(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "validate: OK" in res.stdout and "measured bytes == model" in res.stdout
     assert "local compute on GPU" in res.stdout and "host_to_device" in res.stdout
+
+
+@needs_gpu
+def test_a_gpu_program_plans_in_the_gpu_memory():
+    import cupy
+    pool = cupy.get_default_memory_pool()
+    limit = pool.get_limit()
+    a, b = _operands([(2048, 2048), (2048, 2048)], "float64")   # 3 x 32 MiB with the result
+    try:
+        pool.set_limit(size=pool.used_bytes() + 50 * 2**20)
+        prog = deinsum.compile("ij,jk->ik", a.shape, b.shape, device="gpu")
+        plan = prog.plan(nprocs=1)
+        assert plan.memory <= 50 * 2**20 and "GPU" in plan.memory_default and not plan.feasible
+        with pytest.raises(DeinsumError, match=r"needs [\d,]+ bytes per rank at its peak"):
+            prog(a, b)
+        pool.set_limit(size=pool.used_bytes() + 200 * 2**20)
+        assert prog.plan(nprocs=1).feasible
+        np.testing.assert_allclose(prog(a, b), a @ b, rtol=1e-10)
+    finally:
+        pool.set_limit(size=limit)
+
+
+GPU_BUDGET = """
+import numpy as np, cupy, deinsum
+from mpi4py import MPI
+from deinsum.footprint import footprint
+comm = MPI.COMM_WORLD
+pool = cupy.get_default_memory_pool()
+peak = [0]
+
+def malloc(nbytes):   # the pool's high-water mark: bytes in use on this rank's GPU
+    block = pool.malloc(nbytes)
+    peak[0] = max(peak[0], pool.used_bytes())
+    return block
+cupy.cuda.set_allocator(malloc)
+for eq, sizes, factor in CASES:
+    shapes = [tuple(sizes[c] for c in s) for s in eq.split("->")[0].split(",")]
+    prog = deinsum.compile(eq, *shapes, inputs="local", result="distributed", device="gpu")
+    limit = int(factor * prog.plan(nprocs=comm.size).data_share * 8)
+    pool.set_limit(size=limit)            # the GPU memory this rank may use, its blocks included: no memory= given
+    blocks = prog.input_blocks(comm.rank, comm.size)
+    rng = np.random.default_rng(comm.rank)
+    host = [None if b is None else rng.standard_normal(tuple(s.stop - s.start for s in b)) for b in blocks]
+    peak[0] = 0
+    got = prog(*[None if x is None else cupy.asarray(x) for x in host])
+    plan = prog.last_plan
+    model = int(footprint(plan)[comm.rank])
+    assert plan.memory <= limit and plan.feasible and any(g.rounds for g in plan.groups), (eq, plan.memory, limit)
+    assert 0 < peak[0] <= min(limit, model), (eq, peak[0], limit, model)
+    assert prog.last_run.matches_model, prog.last_run
+    whole = []
+    for parts, shape in zip([comm.allgather((b, x)) for b, x in zip(blocks, host)], shapes):
+        whole.append(np.zeros(shape))
+        for b, x in parts:
+            if b is not None:
+                whole[-1][b] = x
+    if got.block is not None:
+        np.testing.assert_allclose(cupy.asnumpy(got.local), np.einsum(eq, *whole, optimize=True)[got.block],
+                                   rtol=1e-10, atol=1e-10)
+    if comm.rank == 0:
+        print(f"{eq}: {peak[0] / limit:.3f} x memory, model {model / peak[0]:.3f} x measured", flush=True)
+    prog.close()
+    got = None
+    pool.set_limit(size=0)
+    pool.free_all_blocks()
+if comm.rank == 0:
+    print("OK")
+"""
+
+
+@needs_gpu
+@pytest.mark.parametrize("nprocs, cases", [
+    (4, [("ij,jk->ik", dict(i=1536, j=1536, k=1536), 1.5)]),
+    (3, [("ijk,ja,ka->ia", dict(i=240, j=240, k=240, a=24), 1.3),
+         ("ijklm,jb,kc,ld,me->ibcde", dict(i=24, j=24, k=24, l=24, m=24, b=8, c=8, d=8, e=8), 1.3)]),
+])
+def test_gpu_plans_fit_the_gpu_memory_each_rank_has(nprocs, cases, tmp_path):
+    """CuPy's pool limit is the memory each rank may use (no memory= given): the plan runs in rounds within it
+    (the pool refuses any byte more), under its footprint, equal to numpy, bytes == model."""
+    out = check_mpi(nprocs, GPU_BUDGET.replace("CASES", repr(cases), 1), tmp_path=tmp_path, timeout=300)
+    assert out.strip().splitlines()[-1] == "OK", out
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32", "complex128"])
+def test_a_strided_gemm_on_the_gpu_reads_its_operands_in_place(dtype):
+    """A round's piece of X is a strided view: cuBLAS reads it in place (CuPy's matmul would copy it)."""
+    import cupy
+    from deinsum.runtime.blas import matmul
+    pool = cupy.get_default_memory_pool()
+    rng = np.random.default_rng(0)
+    x = cupy.asarray(rng.random((3000, 2400)).astype(dtype))
+    kr = cupy.asarray(rng.random((3000, 5)).astype(dtype))
+    view = x[:, 600:1800]                       # rows 2400 apart: no C- or F-ordered matrix
+    peak, before = [0], pool.used_bytes()
+
+    def malloc(nbytes):
+        block = pool.malloc(nbytes)
+        peak[0] = max(peak[0], pool.used_bytes())
+        return block
+    cupy.cuda.set_allocator(malloc)
+    try:
+        got = matmul(kr.T, view)
+    finally:
+        cupy.cuda.set_allocator(pool.malloc)
+    assert peak[0] - before <= got.nbytes + 2**20 < view.nbytes
+    np.testing.assert_allclose(cupy.asnumpy(got), cupy.asnumpy(kr).T @ cupy.asnumpy(view), rtol=RTOL[dtype])

@@ -136,7 +136,7 @@ def test_the_walk_sees_relative_and_function_level_imports():
 
 def test_runtime_modules_are_standalone():
     """Emitted scripts carry them: numpy, mpi4py, the standard library and each other only."""
-    allowed = {"numpy", "mpi4py", "threadpoolctl", "pytblis", "cupy", "cupyx", "ctypes", "glob", "argparse",
+    allowed = {"numpy", "mpi4py", "threadpoolctl", "pytblis", "cupy", "cupyx", "cupy_backends", "ctypes", "glob", "argparse",
                "itertools", "math", "os", "re", "sys", "functools", "contextlib", "errno", "signal", "socket", "stat",
                "threading",
                "base64", "json", "linecache", "bz2", "time",

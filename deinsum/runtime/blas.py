@@ -164,7 +164,7 @@ def matmul(a, b, library=None):
     """
     (m, k), n, dtype = a.shape[-2:], b.shape[-1], np.result_type(a.dtype, b.dtype)
     if array_module(a, b) is not np:
-        return a @ b     # (a GPU's GEMM needs no pieces)
+        return _gpu_matmul(a, b)     # (a GPU's GEMM needs no pieces)
     library = library or route("square")
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     if _STREAM is not None and dtype == np.float64 and a.dtype == b.dtype == dtype:
@@ -195,6 +195,43 @@ def matmul(a, b, library=None):
             else:
                 np.matmul(a, b[..., lo:lo + step], out=res[..., lo:lo + step])
         return res
+
+
+def _gpu_matmul(a, b):
+    """``a @ b`` of GPU arrays; a float GEMM of 2-D operands that each have one unit stride runs on cuBLAS in
+    place: CuPy's matmul would copy a strided view (a round's piece of X, whose rows are not adjacent), which
+    the footprint does not hold."""
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+    gemm = {"f": cublas.sgemm, "d": cublas.dgemm, "F": cublas.cgemm, "D": cublas.zgemm}.get(a.dtype.char)
+    if gemm is None or a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype or 0 in a.shape + b.shape:
+        return a @ b
+    (m, k), n = a.shape, b.shape[1]
+    (tb, ldb), (ta, lda) = _cublas_operand(b), _cublas_operand(a)
+    if None in (ta, tb):
+        return a @ b
+    c = cupy.empty((m, n), a.dtype)
+    one, zero = np.ones(1, a.dtype), np.zeros(1, a.dtype)
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    # row-major C = A B is column-major C^T = B^T A^T: each operand read in place with its leading dimension
+    gemm(handle, tb, ta, n, m, k, one.ctypes.data, b.data.ptr, ldb, a.data.ptr, lda, zero.ctypes.data,
+         c.data.ptr, n)
+    return c
+
+
+def _cublas_operand(x):
+    """``(op, ld)`` of a row-major 2-D GPU array for a column-major cuBLAS call that reads its transpose:
+    ``(0, row stride)`` where its rows have unit stride, ``(1, column stride)`` where its columns do; else
+    ``(None, None)``."""
+    rows, cols = x.shape
+    s0, s1 = (s // x.itemsize if s % x.itemsize == 0 else -1 for s in x.strides)
+    s0, s1 = s0 if rows > 1 else cols, s1 if cols > 1 else rows
+    if s1 == 1 and s0 >= cols:
+        return 0, s0
+    if s0 == 1 and s1 >= rows:
+        return 1, s1
+    return None, None
 
 
 #: Multiply-adds from which a GEMM runs on the streaming kernels, and their narrow side's limit.

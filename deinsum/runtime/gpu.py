@@ -48,6 +48,19 @@ def is_device_array(x):
     return hasattr(x, "__cuda_array_interface__")
 
 
+def device_bytes(arrays):
+    """Bytes of the distinct GPU allocations among ``arrays`` (a rank's operands: memory it already uses).
+
+    >>> device_bytes([None, [1.0]])
+    0
+    """
+    held = {}
+    for x in arrays:
+        if is_device_array(x):
+            held[x.__cuda_array_interface__["data"][0]] = x.nbytes
+    return sum(held.values())
+
+
 def load_cupy(error=RuntimeError):
     """The ``cupy`` module once it sees a CUDA device; else ``error`` with one line saying why."""
     try:
@@ -79,6 +92,26 @@ def cuda_aware():
     return None
 
 
+def memory_share(cupy, device, sharing):
+    """Bytes of CUDA ``device`` that one of ``sharing`` ranks may use: its free memory plus CuPy's pooled free
+    blocks, split evenly, and at most what the pool's limit (``set_limit``) leaves this process."""
+    with cupy.cuda.Device(device):
+        pool = cupy.get_default_memory_pool()
+        share = (cupy.cuda.runtime.memGetInfo()[0] + pool.free_bytes()) // sharing
+        limit = pool.get_limit()
+        return min(share, max(0, limit - pool.used_bytes())) if limit else share
+
+
+def gpu_memory(ranks_on_node, error=RuntimeError):
+    """The default memory per rank of a GPU plan made here without MPI: the least :func:`memory_share` of the
+    GPUs that ``ranks_on_node`` ranks would use (round-robin), and a line saying so; ``error`` without a GPU."""
+    cupy = load_cupy(error)
+    count = cupy.cuda.runtime.getDeviceCount()
+    sharing = -(-ranks_on_node // count)
+    share = min(memory_share(cupy, device, sharing) for device in range(min(count, ranks_on_node)))
+    return share, f"this machine's free GPU memory (within CuPy's pool limit) / {sharing} rank(s) per GPU"
+
+
 def device_name(cupy, device):
     """The name of CUDA ``device`` (its properties' ``name``)."""
     name = cupy.cuda.runtime.getDeviceProperties(device)["name"]
@@ -104,14 +137,19 @@ class Device:
     def __str__(self):
         return f"GPU {self.id} ({self.name}), MPI {CUDA_AWARE[self.cuda_aware]}"
 
-    def check_memory(self, need, error=RuntimeError):
-        """Raise ``error`` unless ``need`` bytes fit this rank's share of the GPU's free memory (free plus
-        CuPy's pooled free blocks, split evenly among the ranks sharing the GPU)."""
-        free = self.cp.cuda.runtime.memGetInfo()[0] + self.cp.get_default_memory_pool().free_bytes()
-        share = free // self.sharing
-        if need > share:
+    @property
+    def memory(self):
+        """The bytes of this GPU this rank may use (:func:`memory_share` among the ranks sharing it)."""
+        return memory_share(self.cp, self.id, self.sharing)
+
+    def check_memory(self, need, error=RuntimeError, held=0):
+        """Raise ``error`` unless ``need`` bytes fit this rank's share of the GPU (:attr:`memory`) and the ``held``
+        bytes its operands already use there (part of ``need``)."""
+        share = self.memory
+        if need > share + held:
             raise error(f"device='gpu': the plan needs up to {need:,} bytes per rank, GPU {self.id} has "
-                        f"{share:,} free for this rank ({self.sharing} rank(s) share it)")
+                        f"{share:,} free for this rank ({self.sharing} rank(s) share it)"
+                        + (f" beside the {held:,} its operands hold there" if held else ""))
 
     def synchronize(self):
         """Wait for the work queued on this device (before a clock stops)."""

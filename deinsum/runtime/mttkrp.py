@@ -185,11 +185,28 @@ def run(subs, out, blocks, dtype, params):
             w = xp.ascontiguousarray(w.transpose([(rest + [n]).index(q) for q in w_axes]))
             # no out=: numpy's einsum then picks the output order its loops run fastest in (into a C-ordered
             # out= it took 6.7 ms instead of 0.8 here: ijk,ia,ja->ka at 256^3, R = 24); the copy is small
-            res[..., cols] = xp.einsum(t, t_axes, w, w_axes, res_axes)
+            res[..., cols] = xp.einsum(t, t_axes, w, w_axes, res_axes) if xp is np else \
+                _hadamard_sum(xp, t, t_axes, w, w_axes, res_axes)
         else:
             res[..., cols] = xp.einsum(t, t_axes, res_axes)
         del kr, t  # before the next block's Khatri-Rao product
     return res.transpose([res_axes.index(q) for q in out_axes])
+
+
+#: The GPU's Hadamard-sum kernel, made on first use (CuPy is imported only where a GPU runs).
+_HADAMARD_SUM = {}
+
+
+def _hadamard_sum(xp, t, t_axes, w, w_axes, res_axes):
+    """``einsum(t, t_axes, w, w_axes, res_axes)`` on a GPU as one reduction kernel: CuPy's einsum would first
+    make the product, an array the size of ``t``, which the footprint does not hold (``w_axes`` are in
+    ``t_axes``'s order)."""
+    if xp not in _HADAMARD_SUM:
+        _HADAMARD_SUM[xp] = xp.ReductionKernel("T t, T w", "T y", "t * w", "a + b", "y = a", "0", "hadamard_sum")
+    w = w.reshape([t.shape[p] if q in w_axes else 1 for p, q in enumerate(t_axes)])
+    kept = [q for q in t_axes if q in res_axes]
+    y = _HADAMARD_SUM[xp](t, w, axis=tuple(p for p, q in enumerate(t_axes) if q not in res_axes))
+    return y.transpose([kept.index(q) for q in res_axes])
 
 
 def _fusion(dims, s, e, orient, rest, block):
