@@ -29,7 +29,7 @@ from .version import __version__
 
 #: The package files (under deinsum/) an emitted script carries, byte for byte (one emitted for the GPU also
 #: carries :data:`GPU_RUNTIME`; one whose inputs are local or result distributed, :data:`BLOCK_RUNTIME`).
-RUNTIME = ("errors.py", "memory.py", "layout.py", "tables.py", "footprint.py", "runtime/__init__.py",
+RUNTIME = ("errors.py", "memory.py", "layout.py", "tables.py", "peak.py", "runtime/__init__.py",
            "runtime/exchange.py", "runtime/libraries.py", "runtime/cost.py", "runtime/gemm.py", "runtime/blas.py",
            "runtime/mttkrp.py", "runtime/ttm.py", "runtime/kernels.py", "runtime/checks.py", "runtime/runner.py",
            "runtime/driver.py")
@@ -70,7 +70,7 @@ def runtime_part(device: str = "cpu", blocks: bool = False) -> str:
     package = package_name(payload)
     width = 2_000   # a few long lines: 7 bytes of quotes and indent per line
     chunks = "\n".join(f'    "{payload[k:k + width]}"' for k in range(0, len(payload), width))
-    lines = [RUNTIME_MARK, f"# deinsum {__version__}'s package files, byte for byte (bzip2, base85) in RUNTIME:",
+    lines = [RUNTIME_MARK, f"# deinsum {__version__}'s package files, byte for byte (bzip2, base 93) in RUNTIME:",
              *(f"#   {', '.join(files[k:k + 6])}" for k in range(0, len(files), 6)),
              f"# imported from there as the package {package} by the code of runtime/bundle.py, verbatim:",
              (_PACKAGE / "runtime" / "bundle.py").read_text().rstrip("\n"),

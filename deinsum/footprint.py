@@ -21,7 +21,8 @@ or emitted) holds at once on a rank, in bytes:
 * ``SLACK`` bytes for numpy's iterator buffers (a broadcast multiply buffers 2 x 8192
   elements) and the Python objects of a call.
 
-It reads only the plan's decomposition, dtype, entry layouts, pre-passes, groups and moves.
+It reads only the plan's decomposition, dtype, entry layouts, pre-passes, groups and moves. The terms'
+bytes at a rank are :func:`deinsum.peak.peak_bytes` (emitted scripts carry that module, not this one).
 
 >>> import deinsum
 >>> plan = deinsum.compile("i,j->ij", (1000,), (1000,)).plan(nprocs=2, inputs="global", result="all")
@@ -34,15 +35,7 @@ from functools import lru_cache
 
 import numpy as np
 
-
-#: Bytes on top of the arrays: numpy ufunc buffers and the Python objects of one call.
-SLACK = 2**20
-#: An MTTKRP kernel's temporaries up to this many elements are always allowed (beyond it: half of its inputs
-#: and output; ``runtime.mttkrp``).
-SMALL_SCRATCH = 1 << 16
-#: A group in rounds makes each round's partial result (after the first) in this many pieces along its first axis
-#: (``Runtime.contract_round``): one piece is held on top of the group's result, not a second result.
-ROUND_PIECES = 8
+from .peak import ROUND_PIECES, SMALL_SCRATCH, mttkrp_form, mttkrp_runs, peak_bytes
 
 
 def footprint_terms(plan) -> tuple:
@@ -103,42 +96,6 @@ def moved_term(dst, cut: tuple | None, prefetch: bool = False) -> tuple:
     return dst, 2 if prefetch and cut else 1, 0, cut or ()
 
 
-def mttkrp_form(subs, out: str) -> tuple | None:
-    """``(x, r, axes)`` (X's place, the rank index, X's factored axes) where ``subs -> out`` is an MTTKRP that
-    ``runtime.mttkrp`` runs, else None.
-
-    >>> mttkrp_form(("ja", "ijk", "ka"), "ia")
-    (1, 'a', [1, 2])
-    """
-    big = [n for n, s in enumerate(subs) if len(s) >= 3]
-    if len(subs) < 3 or len(big) != 1 or len(set(subs[big[0]])) != len(subs[big[0]]):
-        return None
-    x = big[0]
-    sx = subs[x]
-    pairs = [set(s) for n, s in enumerate(subs) if n != x]
-    rank = set.intersection(*pairs)
-    if any(len(s) != 2 for s in pairs) or len(rank) != 1:
-        return None
-    (r,) = rank
-    modes = [(set(s) - rank).pop() for s in pairs]
-    free = [c for c in sx if c not in modes and c != r]
-    if (len(set(modes)) != len(modes) or any(m not in sx for m in modes) or len(set(out)) != len(out)
-            or set(out) != {*free, r}):
-        return None
-    return x, r, [sx.index(m) for m in modes]
-
-
-def mttkrp_runs(ndim: int, axes, bounds=()) -> list:
-    """The runs ``(s, e)`` of factored ``axes`` an MTTKRP may take (X as a x k x b, k its axes s..e-1): where X
-    cannot merge axes c - 1 and c for c in ``bounds``, those whose view needs no copy (if any).
-
-    >>> mttkrp_runs(3, [1, 2]), mttkrp_runs(3, [1, 2], bounds=(1,))
-    ([(1, 2), (1, 3), (2, 3)], [(1, 2), (1, 3)])
-    """
-    runs = [(s, e) for s in range(ndim) for e in range(s + 1, ndim + 1) if all(q in axes for q in range(s, e))]
-    return [(s, e) for s, e in runs if set(bounds) <= {s, e}] or runs
-
-
 def mttkrp_terms(sx: str, r: str, axes, out: str, bounds=(), words=None) -> list:
     """What ``runtime.mttkrp.run`` makes beside its result, ``(subscripts, words per element)`` per run it may
     take: with all rank columns at once, the run's Khatri-Rao product and its partial, T, the other modes'
@@ -172,31 +129,6 @@ def reduction_staging(src, dst, parts: tuple | None = None) -> tuple:
     if parts:
         return ((dst, src.n_summands + 1, 0, parts),)
     return ((dst, src.n_summands, 0, ()), (src, 2, 0, ()))
-
-
-def term_words(group: tuple, ranks: np.ndarray) -> np.ndarray:
-    """Words of one tuple of :func:`footprint_terms` terms at ``ranks``; vectorised.
-
-    >>> from deinsum.layout import Layout
-    >>> even = Layout.even((10, 8), 2)                        # blocks of 5 x 8
-    >>> term_words(((even, 1, 0, ()), (even, 1, 0, (0, 2))), np.arange(2)).tolist()   # and 3 x 8 of a round
-    [64, 64]
-    """
-    total = np.zeros(ranks.size, dtype=np.int64)
-    for layout, per_word, per_holder, cut in group:
-        total += per_word * layout.block_sizes(ranks, cut) + per_holder * (ranks < layout.nranks)
-    return total
-
-
-def peak_bytes(terms: tuple, ranks, itemsize: int) -> np.ndarray:
-    """Peak bytes of :func:`footprint_terms` ``terms`` at ``ranks`` for elements of ``itemsize`` bytes,
-    ``SLACK`` included; vectorised."""
-    ranks = np.asarray(ranks, dtype=np.int64)
-    held, transients = terms
-    transient = np.zeros(ranks.size, dtype=np.int64)
-    for group in transients:
-        transient = np.maximum(transient, term_words(group, ranks))
-    return (term_words(held, ranks) + transient) * itemsize + SLACK
 
 
 @lru_cache(maxsize=128)

@@ -28,7 +28,8 @@ from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
 from .layout import Layout, balanced_split, block_range
 from .placement import pin_layout, spread
 from .redistribute import received_words, reduce_split, sample_ranks
-from .footprint import ROUND_PIECES, SLACK, footprint, group_terms, moved_term, reduction_staging, term_words
+from .footprint import footprint, group_terms, moved_term, reduction_staging
+from .peak import ROUND_PIECES, SLACK, term_words
 from .schedule import Compute, Move, Prepass, unary_layouts
 from .soap import analyze
 from .soap.parallel import balance_text
@@ -654,7 +655,7 @@ class _Planner:
         return self._holds[key]
 
     def held_words(self, terms: tuple, ranks: np.ndarray) -> np.ndarray:
-        """Words of footprint terms at ``ranks``: the sum of each term's :func:`deinsum.footprint.term_words`
+        """Words of footprint terms at ``ranks``: the sum of each term's :func:`deinsum.peak.term_words`
         (cached per term)."""
         total = np.zeros(ranks.size, dtype=np.int64)
         for term in terms:

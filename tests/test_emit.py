@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import deinsum
-from deinsum.footprint import SLACK
+from deinsum.peak import SLACK
 from deinsum import DeinsumError
 from deinsum.emit import RUNTIME_MARK, generate, runtime_files
 from deinsum.runtime.bundle import package_name, unpack
@@ -317,7 +317,8 @@ def test_emitted_script_is_valid_python_and_readable(tmp_path):
 
 
 @pytest.mark.parametrize("inputs, result, device", [("root", "root", "cpu"), ("global", "all", "cpu"),
-                                                    ("local", "distributed", "cpu"), ("root", "root", "gpu")])
+                                                    ("local", "distributed", "cpu"), ("root", "root", "gpu"),
+                                                    ("local", "distributed", "gpu")])
 def test_script_size_does_not_grow_with_the_ranks(inputs, result, device):
     """MTTKRP 64^3 x 8: each rank builds its own tables from the layouts, so P = 8, 512 and 65,536 give
     scripts of the same size that define every name they use, <= 80 kB with every mode of inputs and

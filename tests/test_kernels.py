@@ -691,7 +691,8 @@ def test_mttkrp_scratch_within_its_footprint_terms(eq, sizes, cut):
     """On a part of X cut along ``cut`` (as a group's round and piece cut it), the runtime runs a variant whose
     view of X needs no copy where one exists, and every variant it may run makes at most what
     ``mttkrp_terms`` counts (a copy of X where none exists)."""
-    from deinsum.footprint import SLACK, mttkrp_form, mttkrp_runs, mttkrp_terms
+    from deinsum.footprint import mttkrp_terms
+    from deinsum.peak import SLACK, mttkrp_form, mttkrp_runs
     subs, out = split(eq)
     ops = operands(eq, {c: 2 * n if q in cut else n for q, (c, n) in enumerate(sizes.items())}, np.float64)
     ops[0] = ops[0][tuple(slice(None, sizes[c]) for c in subs[0])]      # a part: X's axes in cut do not merge
@@ -722,7 +723,8 @@ def test_mttkrp_scratch_within_its_footprint_terms(eq, sizes, cut):
 def test_mttkrp_scratch_in_blocks_within_its_footprint_terms(eq, sizes):
     """Where T with every rank column would outgrow X, the kernel takes the columns in blocks, and makes at most
     what ``mttkrp_terms`` counts with the blocks' sizes."""
-    from deinsum.footprint import SLACK, mttkrp_form, mttkrp_terms
+    from deinsum.footprint import mttkrp_terms
+    from deinsum.peak import SLACK, mttkrp_form
     subs, out = split(eq)
     ops = operands(eq, sizes, np.float64)
     x, r, axes = mttkrp_form(subs, out)

@@ -16,7 +16,8 @@ PACKAGE = Path(deinsum.__file__).parent
 #: Lowest first. A name covers that module or package and everything below it ("deinsum" is the
 #: package's own __init__ only).
 LAYERS = [
-    ["deinsum.errors", "deinsum.version", "deinsum.memory", "deinsum.options"],   # leaves: errors only
+    ["deinsum.errors", "deinsum.version", "deinsum.memory", "deinsum.options",   # leaves: errors only
+     "deinsum.peak"],                        # (numpy only: a footprint's bytes, run-time half)
     ["deinsum.decompose"],                   # front end: grammar, binary steps
     ["deinsum.soap"],                        # bounds
     ["deinsum.layout"],                      # layouts and block arithmetic

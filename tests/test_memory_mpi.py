@@ -16,7 +16,8 @@ PRELUDE = """
 import contextlib, ctypes, io, sys, types
 import numpy as np, deinsum
 from mpi4py import MPI
-from deinsum.footprint import SLACK, footprint
+from deinsum.footprint import footprint
+from deinsum.peak import SLACK
 
 comm = MPI.COMM_WORLD
 

@@ -8,7 +8,8 @@ import pytest
 from deinsum.cli import main
 from deinsum.decompose import decompose
 from deinsum.emit import generate
-from deinsum.footprint import SLACK, footprint
+from deinsum.footprint import footprint
+from deinsum.peak import SLACK
 from deinsum.layout import Layout
 from deinsum.plan import build_plan
 from deinsum.redistribute import plan_redistribution

@@ -17,7 +17,7 @@ import json, sys
 import numpy as np
 from mpi4py import MPI
 import deinsum
-from deinsum.footprint import SLACK
+from deinsum.peak import SLACK
 
 comm = MPI.COMM_WORLD
 cases = json.load(open(sys.argv[1]))

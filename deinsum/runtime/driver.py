@@ -13,7 +13,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from ..footprint import peak_bytes
+from ..peak import peak_bytes
 from ..layout import Layout
 from ..tables import rank_tables
 from ..memory import as_bytes, default_memory
@@ -60,7 +60,7 @@ def summarize(samples):
 
 
 def footprint_of(ns):
-    """The script's ``FOOTPRINT`` as :func:`deinsum.footprint.peak_bytes` takes it (its layouts are tuples)."""
+    """The script's ``FOOTPRINT`` as :func:`deinsum.peak.peak_bytes` takes it (its layouts are tuples)."""
     held, transients = ns["FOOTPRINT"]
     terms = lambda group: tuple((Layout(*layout), *rest) for layout, *rest in group)  # noqa: E731
     return terms(held), tuple(terms(group) for group in transients)

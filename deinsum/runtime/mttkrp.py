@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from ..footprint import SMALL_SCRATCH, mttkrp_form, mttkrp_runs
+from ..peak import SMALL_SCRATCH, mttkrp_form, mttkrp_runs
 from . import blas
 from .cost import ELEM, FUSED_RATE, L2_BYTES, MTTKRP_FIT, gemm_seconds
 from .libraries import array_module

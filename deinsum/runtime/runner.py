@@ -25,7 +25,7 @@ from functools import partialmethod
 import numpy as np
 from mpi4py import MPI
 
-from ..footprint import ROUND_PIECES
+from ..peak import ROUND_PIECES
 from ..layout import Layout, block_range
 from ..tables import native, table_words
 from .exchange import ByteLog, Collective, Transfer, element_type, local_part

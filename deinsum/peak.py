@@ -1,0 +1,80 @@
+"""Peak bytes per rank from footprint terms, and the sizes the kernels and the footprint share.
+
+The run-time half of :mod:`deinsum.footprint`: an emitted script carries this module (numpy only) and checks
+its ``FOOTPRINT`` against ``--memory`` with :func:`peak_bytes` before any work; the planner makes the terms
+(:func:`deinsum.footprint.footprint_terms`) and counts them the same way.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+#: Bytes on top of the arrays: numpy ufunc buffers and the Python objects of one call.
+SLACK = 2**20
+#: An MTTKRP kernel's temporaries up to this many elements are always allowed (beyond it: half of its inputs
+#: and output; ``runtime.mttkrp``).
+SMALL_SCRATCH = 1 << 16
+#: A group in rounds makes each round's partial result (after the first) in this many pieces along its first axis
+#: (``Runtime.contract_round``): one piece is held on top of the group's result, not a second result.
+ROUND_PIECES = 8
+
+
+def mttkrp_form(subs, out: str) -> tuple | None:
+    """``(x, r, axes)`` (X's place, the rank index, X's factored axes) where ``subs -> out`` is an MTTKRP that
+    ``runtime.mttkrp`` runs, else None.
+
+    >>> mttkrp_form(("ja", "ijk", "ka"), "ia")
+    (1, 'a', [1, 2])
+    """
+    big = [n for n, s in enumerate(subs) if len(s) >= 3]
+    if len(subs) < 3 or len(big) != 1 or len(set(subs[big[0]])) != len(subs[big[0]]):
+        return None
+    x = big[0]
+    sx = subs[x]
+    pairs = [set(s) for n, s in enumerate(subs) if n != x]
+    rank = set.intersection(*pairs)
+    if any(len(s) != 2 for s in pairs) or len(rank) != 1:
+        return None
+    (r,) = rank
+    modes = [(set(s) - rank).pop() for s in pairs]
+    free = [c for c in sx if c not in modes and c != r]
+    if (len(set(modes)) != len(modes) or any(m not in sx for m in modes) or len(set(out)) != len(out)
+            or set(out) != {*free, r}):
+        return None
+    return x, r, [sx.index(m) for m in modes]
+
+
+def mttkrp_runs(ndim: int, axes, bounds=()) -> list:
+    """The runs ``(s, e)`` of factored ``axes`` an MTTKRP may take (X as a x k x b, k its axes s..e-1): where X
+    cannot merge axes c - 1 and c for c in ``bounds``, those whose view needs no copy (if any).
+
+    >>> mttkrp_runs(3, [1, 2]), mttkrp_runs(3, [1, 2], bounds=(1,))
+    ([(1, 2), (1, 3), (2, 3)], [(1, 2), (1, 3)])
+    """
+    runs = [(s, e) for s in range(ndim) for e in range(s + 1, ndim + 1) if all(q in axes for q in range(s, e))]
+    return [(s, e) for s, e in runs if set(bounds) <= {s, e}] or runs
+
+
+def term_words(group: tuple, ranks: np.ndarray) -> np.ndarray:
+    """Words of one tuple of :func:`deinsum.footprint.footprint_terms` terms at ``ranks``; vectorised.
+
+    >>> from deinsum.layout import Layout
+    >>> even = Layout.even((10, 8), 2)                        # blocks of 5 x 8
+    >>> term_words(((even, 1, 0, ()), (even, 1, 0, (0, 2))), np.arange(2)).tolist()   # and 3 x 8 of a round
+    [64, 64]
+    """
+    total = np.zeros(ranks.size, dtype=np.int64)
+    for layout, per_word, per_holder, cut in group:
+        total += per_word * layout.block_sizes(ranks, cut) + per_holder * (ranks < layout.nranks)
+    return total
+
+
+def peak_bytes(terms: tuple, ranks, itemsize: int) -> np.ndarray:
+    """Peak bytes of :func:`deinsum.footprint.footprint_terms` ``terms`` at ``ranks`` for elements of ``itemsize`` bytes,
+    ``SLACK`` included; vectorised."""
+    ranks = np.asarray(ranks, dtype=np.int64)
+    held, transients = terms
+    transient = np.zeros(ranks.size, dtype=np.int64)
+    for group in transients:
+        transient = np.maximum(transient, term_words(group, ranks))
+    return (term_words(held, ranks) + transient) * itemsize + SLACK
