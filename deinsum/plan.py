@@ -307,6 +307,11 @@ class Plan:
         return kind + m.manner
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, bounds: bool = True) -> str:
+        """The printed plan (``str(plan)``); without ``bounds``, no lower bounds (an emitted script's header:
+        ``deinsum plan`` prints them)."""
         d, size = self.decomposition, self.dtype.itemsize
         lines = [f"deinsum plan for {d.equation!r} on {self.nprocs} rank(s), dtype {self.dtype.name}",
                  f"  inputs: {INPUT_MODES[self.inputs]}; result: {RESULT_MODES[self.result]}"
@@ -343,7 +348,7 @@ class Plan:
         received = self.received_bytes()
         lines.append(f"  total received per rank: max {int(received.max()):,} bytes, "
                      f"mean {float(received.mean()):,.0f}")
-        if self.bound is not None:
+        if bounds and self.bound is not None:
             lines += self._bound_lines(int(received.max(initial=0)) // size)
         return "\n".join(lines)
 

@@ -23,7 +23,7 @@ from .runtime.checks import agree, check_cast, check_launch, check_memory, check
 from .runtime.checks import node_place
 from .runtime.checks import kept_on, unanimous, write_atomically
 from .emit import generate
-from .runtime.gpu import device_bytes, gpu_memory, is_device_array, open_device
+from .runtime.gpu import device_bytes, is_device_array, load_cupy, memory_share, open_device
 from .runtime.blas import gemm_library
 from .runtime.kernels import contract_pair, group_strategy, unary
 from .runtime.runner import Runtime, pin_blas_threads
@@ -571,14 +571,18 @@ def _memory_here(node_ranks: int, device, blocks) -> int:
 
 
 def _gpu_default_memory(nprocs: int) -> tuple[int, str]:
-    """The default memory per rank of a GPU plan made without MPI, and where it came from: the GPUs' share
-    (:func:`~deinsum.runtime.gpu.gpu_memory`) or the host's, whichever is less, for :func:`planning_ranks` ranks
-    on this node; the host's where no GPU is here (and the plan says so)."""
+    """The default memory per rank of a GPU plan made without MPI, and where it came from: for
+    :func:`planning_ranks` ranks on this node, the least :func:`~deinsum.runtime.gpu.memory_share` of the GPUs
+    they use or the host's share, whichever is less; the host's where no GPU is here (and the plan says so)."""
     ranks = planning_ranks(nprocs)
     host = default_memory(ranks)
     try:
-        share, where = gpu_memory(ranks)
+        cupy = load_cupy()
     except RuntimeError:
         return host, f"this machine's free memory / {ranks} rank(s), no GPU here"
+    count = cupy.cuda.runtime.getDeviceCount()   # the GPUs its ranks use, round-robin
+    sharing = -(-ranks // count)
+    share = min(memory_share(cupy, gpu, sharing) for gpu in range(min(count, ranks)))
+    where = f"this machine's free GPU memory (within CuPy's pool limit) / {sharing} rank(s) per GPU"
     return (share, where) if share <= host else (host, f"this machine's free memory / {ranks} rank(s), less than "
                                                        f"its GPUs' share")

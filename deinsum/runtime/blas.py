@@ -198,9 +198,8 @@ def matmul(a, b, library=None):
 
 
 def _gpu_matmul(a, b):
-    """``a @ b`` of GPU arrays; a float GEMM of 2-D operands that each have one unit stride runs on cuBLAS in
-    place: CuPy's matmul would copy a strided view (a round's piece of X, whose rows are not adjacent), which
-    the footprint does not hold."""
+    """``a @ b`` of GPU arrays: 2-D float operands with a unit stride each are read in place by cuBLAS
+    (CuPy's matmul copies a strided view, e.g. a round's piece of X, which the footprint does not hold)."""
     import cupy
     from cupy_backends.cuda.libs import cublas
     gemm = {"f": cublas.sgemm, "d": cublas.dgemm, "F": cublas.cgemm, "D": cublas.zgemm}.get(a.dtype.char)
@@ -221,9 +220,8 @@ def _gpu_matmul(a, b):
 
 
 def _cublas_operand(x):
-    """``(op, ld)`` of a row-major 2-D GPU array for a column-major cuBLAS call that reads its transpose:
-    ``(0, row stride)`` where its rows have unit stride, ``(1, column stride)`` where its columns do; else
-    ``(None, None)``."""
+    """``(op, ld)`` of 2-D ``x`` for a column-major cuBLAS call reading its transpose: ``(0, row stride)``
+    where its rows have unit stride, ``(1, column stride)`` where its columns do, else ``(None, None)``."""
     rows, cols = x.shape
     s0, s1 = (s // x.itemsize if s % x.itemsize == 0 else -1 for s in x.strides)
     s0, s1 = s0 if rows > 1 else cols, s1 if cols > 1 else rows

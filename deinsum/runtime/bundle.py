@@ -1,14 +1,9 @@
 """The runtime inside an emitted script: its modules as one payload, imported from the script itself.
 
 Standard library only. A script carries this file verbatim, the payload (the package files of
-``deinsum.emit.RUNTIME`` byte for byte, bzip2-compressed, in base 93) and a call of :func:`install`; its imports
-then find the runtime as the package named by the payload's hash (two scripts, or an installed deinsum,
-never mix). Tracebacks name each module's file in the package and its line.
-
->>> payload = pack({"errors.py": "X = 1\\n"})
->>> package = install(payload)
->>> __import__(package + ".errors", fromlist=["X"]).X
-1
+``deinsum.emit.RUNTIME`` byte for byte, bzip2-compressed, in base 93: ``deinsum.emit.pack``) and a call of
+:func:`install`; its imports then find the runtime as the package named by the payload's hash (two scripts, or
+an installed deinsum, never mix). Tracebacks name each module's file in the package and its line.
 """
 import bz2
 import functools
@@ -20,16 +15,6 @@ import sys
 
 #: The payload's digits, the 93 printable ASCII characters a "..." literal holds as they are: 49 per 40 bytes.
 DIGITS = "".join(chr(c) for c in range(32, 127) if chr(c) not in '"\\')
-
-
-def pack(files):
-    """``{path under deinsum/: text}`` as a payload (text): a NUL before each path and text, bzip2 (a few %
-    below LZMA on this text), zero bytes up to a multiple of 40, each 40 as 49 digits."""
-    assert not any("\0" in path + text for path, text in files.items())
-    data = bz2.compress("".join(f"\0{path}\0{text}" for path, text in files.items()).encode(), 9)
-    data += bytes(-len(data) % 40)
-    numbers = (int.from_bytes(data[k:k + 40], "big") for k in range(0, len(data), 40))
-    return "".join(DIGITS[n // 93 ** e % 93] for n in numbers for e in range(48, -1, -1))
 
 
 def unpack(payload):

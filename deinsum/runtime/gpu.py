@@ -102,16 +102,6 @@ def memory_share(cupy, device, sharing):
         return min(share, max(0, limit - pool.used_bytes())) if limit else share
 
 
-def gpu_memory(ranks_on_node, error=RuntimeError):
-    """The default memory per rank of a GPU plan made here without MPI: the least :func:`memory_share` of the
-    GPUs that ``ranks_on_node`` ranks would use (round-robin), and a line saying so; ``error`` without a GPU."""
-    cupy = load_cupy(error)
-    count = cupy.cuda.runtime.getDeviceCount()
-    sharing = -(-ranks_on_node // count)
-    share = min(memory_share(cupy, device, sharing) for device in range(min(count, ranks_on_node)))
-    return share, f"this machine's free GPU memory (within CuPy's pool limit) / {sharing} rank(s) per GPU"
-
-
 def device_name(cupy, device):
     """The name of CUDA ``device`` (its properties' ``name``)."""
     name = cupy.cuda.runtime.getDeviceProperties(device)["name"]
