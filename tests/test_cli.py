@@ -112,7 +112,8 @@ def test_pinned_input_is_planned_emitted_and_run(nprocs, inputs):
 def test_an_equation_starting_with_an_arrow_is_not_an_option(capsys):
     """numpy's 0-d einsum "->": every command takes it (it has no index to size)."""
     assert cli(capsys, "bound", "->").returncode == 0
-    assert cli(capsys, "bound", "->", "-P", "2", "--layout", "out=replicated", "--result", "distributed").returncode == 0
+    res = cli(capsys, "bound", "->", "-P", "2", "--layout", "out=replicated", "--result", "distributed")
+    assert res.returncode == 0, res.stderr
     res = cli(capsys, "plan", "->", "-P", "2")
     assert res.returncode == 0 and "deinsum plan for '->' on 2 rank(s)" in res.stdout, res.stderr
 
