@@ -12,7 +12,19 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
+
+
+#: The P a sweep over P = 1..8 runs by default: one rank, odd and uneven blocks, a 2-D and a 3-D grid (the
+#: emitted scripts' P); the other P under ``-m slow``.
+DEFAULT_P = (1, 3, 4, 8)
+
+
+def some_p(*default: int, every=range(1, 9)) -> list:
+    """The P of ``every`` for ``pytest.mark.parametrize``, those outside ``default`` marked slow."""
+    return [p if p in default else pytest.param(p, marks=pytest.mark.slow) for p in every]
 
 
 @dataclass(frozen=True)

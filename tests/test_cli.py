@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import deinsum
+from deinsum.cli import main
 from mpirun import check_mpi
 
 DEINSUM = [str(Path(sys.executable).with_name("deinsum"))]
@@ -19,31 +20,54 @@ def run(*args, timeout=120):
     return subprocess.run(DEINSUM + list(args), capture_output=True, text=True, timeout=timeout)
 
 
+def cli(capsys, *args) -> subprocess.CompletedProcess:
+    """:func:`run` inside this process: ``deinsum.cli.main``, which the ``deinsum`` command exits with (no
+    interpreter to start; :func:`test_the_command_exits_with_mains_code` checks the command itself)."""
+    try:
+        code = main(list(args))
+    except SystemExit as exc:           # argparse: --help, --version and its usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["deinsum", *args], code, out, err)
+
+
+def test_the_command_exits_with_mains_code():
+    """The installed ``deinsum`` command: help and version exit 0, an error is one line with exit code 2."""
+    res = run("--version")
+    assert res.returncode == 0 and res.stdout.startswith("deinsum ")
+    res = run("plan", "--help")
+    assert res.returncode == 0 and "usage: deinsum" in res.stdout
+    for args, message in ((["plan", MTTKRP, "--size", "i=x", "-P", "4"], "expected INDEX=INT"),
+                          (["nonsense"], "invalid choice")):
+        res = run(*args)
+        assert res.returncode == 2 and len(res.stderr.splitlines()) == 1 and message in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize("args", [["--help"], ["bound", "--help"], ["plan", "--help"], ["emit", "--help"],
                                   ["run", "--help"], ["info", "--help"]])
-def test_help(args):
-    res = run(*args)
+def test_help(args, capsys):
+    res = cli(capsys, *args)
     assert res.returncode == 0 and "usage: deinsum" in res.stdout
 
 
-def test_version():
-    res = run("--version")
+def test_version(capsys):
+    res = cli(capsys, "--version")
     assert res.returncode == 0 and res.stdout.startswith("deinsum ")
 
 
-def test_bound_symbolic_text_latex_json():
-    text = run("bound", MTTKRP)
+def test_bound_symbolic_text_latex_json(capsys):
+    text = cli(capsys, "bound", MTTKRP)
     assert text.returncode == 0 and "3*N_a*N_i*N_j*N_k/S**(2/3)" in text.stdout
-    latex = run("bound", MTTKRP, "--latex")
+    latex = cli(capsys, "bound", MTTKRP, "--latex")
     assert latex.returncode == 0 and "\\toprule" in latex.stdout
-    data = json.loads(run("bound", MTTKRP, "--json").stdout)
+    data = json.loads(cli(capsys, "bound", MTTKRP, "--json").stdout)
     assert data["analysis"]["equation"] == MTTKRP
 
 
-def test_plan_any_p_without_ranks():
-    res = run("plan", MTTKRP, "--size", SIZES, "-P", "13")
+def test_plan_any_p_without_ranks(capsys):
+    res = cli(capsys, "plan", MTTKRP, "--size", SIZES, "-P", "13")
     assert res.returncode == 0 and "on 13 rank(s)" in res.stdout and "grid (" in res.stdout
-    data = json.loads(run("plan", MTTKRP, "--size", SIZES, "-P", "6", "--json").stdout)
+    data = json.loads(cli(capsys, "plan", MTTKRP, "--size", SIZES, "-P", "6", "--json").stdout)
     assert len(data["received_bytes_per_rank"]) == 6
 
 
@@ -85,11 +109,12 @@ def test_pinned_input_is_planned_emitted_and_run(nprocs, inputs):
     assert "validate: OK" in res.stdout and "measured bytes == model" in res.stdout
 
 
-def test_an_equation_starting_with_an_arrow_is_not_an_option():
+def test_an_equation_starting_with_an_arrow_is_not_an_option(capsys):
     """numpy's 0-d einsum "->": every command takes it (it has no index to size)."""
-    assert run("bound", "->").returncode == 0
-    assert run("bound", "->", "-P", "2", "--layout", "out=replicated", "--result", "distributed").returncode == 0
-    res = run("plan", "->", "-P", "2")
+    assert cli(capsys, "bound", "->").returncode == 0
+    res = cli(capsys, "bound", "->", "-P", "2", "--layout", "out=replicated", "--result", "distributed")
+    assert res.returncode == 0, res.stderr
+    res = cli(capsys, "plan", "->", "-P", "2")
     assert res.returncode == 0 and "deinsum plan for '->' on 2 rank(s)" in res.stdout, res.stderr
 
 
@@ -112,8 +137,8 @@ def test_an_equation_starting_with_an_arrow_is_not_an_option():
     (["bound", MTTKRP, "--layout", "7=even", "--size", SIZES, "-P", "2"], "'in7' is not a tensor of"),
     (["nonsense"], "invalid choice"),
 ])
-def test_errors_are_one_line_exit_2(args, message):
-    res = run(*args)
+def test_errors_are_one_line_exit_2(args, message, capsys):
+    res = cli(capsys, *args)
     assert res.returncode == 2
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], res.stderr

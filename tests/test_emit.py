@@ -174,7 +174,7 @@ def test_bad_arguments_are_one_line_errors_before_any_work(tmp_path):
         assert len(res.stderr.splitlines()) == 1, res.stderr
 
 
-@pytest.mark.parametrize("nprocs", [2, 3, 4])
+@pytest.mark.parametrize("nprocs", [3, *[pytest.param(p, marks=pytest.mark.slow) for p in (2, 4)]])
 def test_a_failing_script_exits_2_on_every_launch(nprocs, tmp_path):
     """The error line and exit code 2 every time: no rank is killed by the launcher (``BAD TERMINATION``)."""
     script = deinsum.compile("ijk,ja,ka->ia", (7, 5, 3), (5, 2), (3, 2)).to_script(tmp_path / "p.py", nprocs=nprocs)

@@ -1,5 +1,4 @@
 """Layouts and the grid planner (pure, no ranks)."""
-import doctest
 import itertools
 import math
 
@@ -7,8 +6,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import deinsum.grids
-import deinsum.layout
 from deinsum.errors import DeinsumError
 from deinsum.grids import GridChoice, candidate_grids, estimate_words
 from deinsum.layout import Layout, block_bounds, ordered_factorisations
@@ -148,7 +145,3 @@ def test_grid_choice_layouts():
     assert choice.layout("ia", sizes, partial=False).partial == ()
     assert GridChoice("ijk", (2, 1, 2), "ik", 4, 0, "").layout("ik", mm_sizes(3)).partial == ()
     assert "i=2, j=2, k=2, a=1" in str(choice)
-
-
-def test_doctests():
-    assert doctest.testmod(deinsum.grids).failed == 0 and doctest.testmod(deinsum.layout).failed == 0

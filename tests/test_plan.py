@@ -51,12 +51,47 @@ def best_known(kernel: str, nprocs: int) -> int:
     return BEST[family][PROCS.index(nprocs)]
 
 
+def scored(plan):
+    return [(partition, words) for partition, _, words in plan.bound.candidates if words is not None]
+
+
+def check_plan_bound(plan, *context):
+    """No candidate's bound above its own scored plan; the plan's bounds below the plan."""
+    for partition, bound, words in plan.bound.candidates:
+        assert words is None or bound <= words, (*context, partition, bound, words)
+    assert plan.bound.words <= busiest(plan), context
+    assert plan.bound.chosen_words <= busiest(plan), context
+
+
+def check_suite_bound(plan):
+    """:func:`check_plan_bound`, and the bound below every scored candidate."""
+    check_plan_bound(plan)
+    assert plan.bound.words <= min(w for _, w in scored(plan))
+
+
+#: Most plan / class bound allowed (issue 25); TTMc has no tight bound for its plan's class. Order-5 MTTKRP at
+#: P = 8 splits 85 as 43/42: its plan's own balance rho = 1.036 leaves 1.12 (issue 25 asks 1.70 of order 5).
+CLASS_RATIO = {"1MM": 1.10, "MTTKRP-O3-M0": 1.10, "MTTKRP-O5-M0": 1.15}
+
+
+def check_class_bound(kernel, plan):
+    """Positive on MM and MTTKRP, within CLASS_RATIO of the plan; where the plan moves less than the atomic
+    bound (TTMc at P = 4096), the report says the plan lies outside that class."""
+    ours, b = busiest(plan), plan.bound
+    assert ("outside that class" in str(plan)) == (ours < b.atomic)
+    if kernel in CLASS_RATIO:
+        assert 0 < b.words and ours <= CLASS_RATIO[kernel] * b.words, (ours, b.words)
+
+
 @pytest.mark.parametrize("nprocs", [pytest.param(p, marks=pytest.mark.slow) if p > 64 else p for p in PROCS])
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_suite_within_ten_percent_of_the_best_known_construction(kernel, nprocs):
+def test_suite_within_ten_percent_of_the_best_known_construction_and_above_its_bounds(kernel, nprocs):
+    """One plan per (kernel, P) at the paper's sizes: near the best construction, its bounds valid, its class
+    bound near it (the class bound's other checks: tests/test_bounds.py)."""
     plan = fair_plan(KERNELS[kernel], paper_sizes(kernel, nprocs), nprocs)
     assert busiest(plan) <= 1.10 * best_known(kernel, nprocs), [g.grid.dims for g in plan.groups]
-    assert busiest(plan) >= plan.bound.words and busiest(plan) >= plan.bound.chosen_words
+    check_suite_bound(plan)
+    check_class_bound(kernel, plan)
 
 
 def test_order5_mttkrp_is_one_fused_statement_with_x_stationary():
@@ -78,18 +113,19 @@ def test_matrix_multiply_moves_no_more_than_cosma(nprocs, fraction):
     assert busiest(plan) <= fraction * 4096 ** 2
 
 
-def scored(plan):
-    return [(partition, words) for partition, _, words in plan.bound.candidates if words is not None]
+def few_ranks_cases():
+    """Every kernel on 3 ranks, but for two order-5 MTTKRPs (MTTKRP-O5-M0 stands for them: seconds each); all on 2
+    and 3 ranks under -m slow."""
+    for kernel in KERNELS:
+        for nprocs in (3, 2):
+            slow = nprocs == 2 or kernel in ("MTTKRP-O5-M2", "MTTKRP-O5-M4")
+            yield pytest.param(kernel, nprocs, marks=pytest.mark.slow if slow else ())
 
 
-@pytest.mark.parametrize("nprocs", [2, 3, 8, 64, pytest.param(512, marks=pytest.mark.slow),
-                                    pytest.param(4096, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_bound_never_exceeds_a_scored_plan_on_the_suite(kernel, nprocs):
-    plan = fair_plan(KERNELS[kernel], paper_sizes(kernel, min(nprocs, 4096) if nprocs in PROCS else 8), nprocs)
-    for partition, bound, words in plan.bound.candidates:
-        assert words is None or bound <= words, (partition, bound, words)
-    assert plan.bound.words <= busiest(plan) and plan.bound.words <= min(w for _, w in scored(plan))
+@pytest.mark.parametrize("kernel, nprocs", list(few_ranks_cases()))
+def test_bound_never_exceeds_a_scored_plan_on_the_suite_at_few_ranks(kernel, nprocs):
+    """The paper's P = 8 sizes on 3 and 2 ranks (P = 8 ... 4096: the test above)."""
+    check_suite_bound(fair_plan(KERNELS[kernel], paper_sizes(kernel, 8), nprocs))
 
 
 def bound_cases(count, seed):
@@ -101,12 +137,8 @@ def bound_cases(count, seed):
 
 
 def check_bound(eq, shapes, nprocs, inputs="local", result="distributed", layouts=None):
-    d = decompose(eq, *shapes)
-    plan = build_plan(d, nprocs, inputs=inputs, result=result, layouts=layouts)
-    for partition, bound, words in plan.bound.candidates:
-        assert words is None or bound <= words, (eq, shapes, nprocs, partition, bound, words)
-    assert plan.bound.words <= busiest(plan), (eq, shapes, nprocs)
-    assert plan.bound.chosen_words <= busiest(plan), (eq, shapes, nprocs)
+    plan = build_plan(decompose(eq, *shapes), nprocs, inputs=inputs, result=result, layouts=layouts)
+    check_plan_bound(plan, eq, shapes, nprocs)
 
 
 @pytest.mark.parametrize("eq, shapes, nprocs", bound_cases(40, seed=11))
@@ -114,9 +146,19 @@ def test_bound_never_exceeds_a_scored_plan_on_random_einsums(eq, shapes, nprocs)
     check_bound(eq, shapes, nprocs)
 
 
-@pytest.mark.parametrize("inputs, result", [("global", "distributed"), ("global", "all"), ("root", "root"),
-                                           ("local", "all"), ("root", "distributed")])
-@pytest.mark.parametrize("eq, shapes, nprocs", bound_cases(6, seed=13) + [("ij,jk->ik", [(64, 64), (64, 64)], 2)])
+MODES = [("global", "distributed"), ("global", "all"), ("root", "root"), ("local", "all"), ("root", "distributed")]
+
+
+def mode_cases():
+    """The matrix product below in every mode; the random einsums each in one mode by default (every mode taken;
+    the first, at P = 3670, not with global inputs: seconds), in all under -m slow."""
+    yield from (pytest.param("ij,jk->ik", [(64, 64), (64, 64)], 2, *mode) for mode in MODES)
+    for n, case in enumerate(bound_cases(6, seed=13)):
+        for m, mode in enumerate(MODES):
+            yield pytest.param(*case, *mode, marks=() if m == (n + 2) % len(MODES) else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("eq, shapes, nprocs, inputs, result", list(mode_cases()))
 def test_bound_holds_wherever_inputs_start_and_the_result_ends(eq, shapes, nprocs, inputs, result):
     """A global input is whole on every rank: a plan that moves nothing has bound 0 (it printed 1,596
     words for this 64^3 matrix product on 2 ranks, a plan that received none)."""
@@ -132,7 +174,13 @@ def test_a_result_whole_on_every_rank_bounds_the_busiest_rank():
     assert build_plan(decompose("ij,jk->ik", (4, 5), (5, 6)), 3, inputs="global", result="root").bound.words == 0
 
 
-@pytest.mark.parametrize("eq, shapes, nprocs", [c for c in bound_cases(12, seed=14) if decompose(c[0], *c[1]).output])
+def fewer_than_five_operands_by_default(cases):
+    """``cases``, those of five operands (seconds of bounds each) marked slow."""
+    return [pytest.param(*c, marks=pytest.mark.slow) if c[0].count(",") >= 4 else c for c in cases]
+
+
+@pytest.mark.parametrize("eq, shapes, nprocs", fewer_than_five_operands_by_default(
+    [c for c in bound_cases(12, seed=14) if decompose(c[0], *c[1]).output]))
 def test_a_result_pinned_with_copies_bounds_the_busiest_rank(eq, shapes, nprocs):
     """A result pinned with its first axis split in two and each half copied on half the ranks: the rank
     computing fewest iterations completes at most |out| / P elements of its half."""
@@ -217,14 +265,25 @@ def test_memory_below_the_data_share_is_reported_infeasible():
     assert fair_plan("ijk,ja,ka->ia", sizes, 8, memory=tight.peak_bytes).feasible
 
 
-@pytest.mark.parametrize("name", SUITE)
-def test_small_suite_plans_fit_every_p(name):
+#: The default run plans each order-5 kernel at one of these P (their bounds take seconds each); -m slow at every P.
+ORDER5_DEFAULT_P = {"MTTKRP-O5-M0": 7, "MTTKRP-O5-M2": 5, "MTTKRP-O5-M4": 8, "TTMc-O5-M0": 3}
+
+
+def small_suite_cases():
+    """Every suite kernel at P = 1, 2, 3, 5, 7, 8; the order-5 ones outside ORDER5_DEFAULT_P marked slow."""
+    for name in SUITE:
+        for nprocs in (1, 2, 3, 5, 7, 8):
+            slow = ORDER5_DEFAULT_P.get(name, nprocs) != nprocs
+            yield pytest.param(name, nprocs, marks=pytest.mark.slow if slow else ())
+
+
+@pytest.mark.parametrize("name, nprocs", list(small_suite_cases()))
+def test_small_suite_plans_fit_every_p(name, nprocs):
     eq, sizes = SUITE[name]
-    for nprocs in (1, 2, 3, 5, 7, 8):
-        plan = build_plan(decompose(eq, *shapes_for(eq, sizes)), nprocs, inputs="local", result="distributed")
-        assert all(g.grid.used <= nprocs for g in plan.groups)
-        # the bounds assume the plan's own balance (idle ranks included): they cover it
-        assert plan.bound.words <= busiest(plan) and plan.bound.rho == plan.balance
+    plan = build_plan(decompose(eq, *shapes_for(eq, sizes)), nprocs, inputs="local", result="distributed")
+    assert all(g.grid.used <= nprocs for g in plan.groups)
+    # the bounds assume the plan's own balance (idle ranks included): they cover it
+    assert plan.bound.words <= busiest(plan) and plan.bound.rho == plan.balance
 
 
 def test_global_inputs_over_the_memory_make_the_plan_infeasible_and_drop_the_segment_bound():

@@ -1,10 +1,10 @@
-"""compile(...)(*arrays) under real mpiexec at P = 1..8: equals numpy, bytes == model."""
+"""compile(...)(*arrays) under real mpiexec at P = 1..8 (1, 3, 4, 8 by default): equals numpy, bytes == model."""
 import json
 from pathlib import Path
 
 import pytest
 
-from mpirun import check_mpi, run_mpi_script
+from mpirun import DEFAULT_P, check_mpi, run_mpi_script, some_p
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
 
@@ -92,7 +92,7 @@ def check_cases(nprocs, cases, tmp_path, tight=False, prefetch=False):
     return summary
 
 
-@pytest.mark.parametrize("nprocs", range(1, 9))
+@pytest.mark.parametrize("nprocs", some_p(*DEFAULT_P))
 def test_program_matches_numpy_and_model(nprocs, tmp_path):
     check_cases(nprocs, SUBSET, tmp_path)
 
@@ -103,7 +103,7 @@ def test_program_matches_numpy_and_model_on_210_einsums(nprocs, tmp_path):
     check_cases(nprocs, CASES, tmp_path)
 
 
-@pytest.mark.parametrize("nprocs", [p if p == 3 else pytest.param(p, marks=pytest.mark.slow) for p in range(1, 9)])
+@pytest.mark.parametrize("nprocs", some_p(3))
 def test_tight_memory_plans_run_in_rounds_equal_numpy_and_model(nprocs, tmp_path):
     """Every case given half the way from its unconstrained peak to its data share: a plan that fits (rounds,
     leaner grids) runs equal to numpy with bytes == model, one that cannot is refused on every rank with the
@@ -112,7 +112,7 @@ def test_tight_memory_plans_run_in_rounds_equal_numpy_and_model(nprocs, tmp_path
     assert summary["rounds"] >= 3, summary
 
 
-@pytest.mark.parametrize("nprocs", [1, 3, 4])
+@pytest.mark.parametrize("nprocs", some_p(1, 4, every=(1, 3, 4)))
 def test_prefetching_plans_equal_numpy_and_model(nprocs, tmp_path):
     """The same tight cases with prefetch on: groups in rounds post each round's moves before the previous round
     computes (Ialltoallw, two rounds' pieces held) where that fits, and still equal numpy with bytes == model (at
@@ -185,7 +185,7 @@ if comm.rank == 0:
 """
 
 
-@pytest.mark.parametrize("nprocs", [p if p in (3, 4) else pytest.param(p, marks=pytest.mark.slow) for p in range(1, 9)])
+@pytest.mark.parametrize("nprocs", some_p(3))
 def test_pinned_layouts_run_and_match_the_model(nprocs, tmp_path):
     """Pinned inputs (even, root) and results (even, root) under mpiexec: equal numpy, bytes == model."""
     tests = str(Path(__file__).resolve().parent)
@@ -221,7 +221,7 @@ if comm.rank == 0:
 """
 
 
-@pytest.mark.parametrize("nprocs", [2, 3])
+@pytest.mark.parametrize("nprocs", some_p(3, every=(2, 3)))
 def test_pinned_inputs_start_whole_then_move_into_their_layout(nprocs, tmp_path):
     """Global or root inputs with pinned layouts (even, replicated, root, a grid), results all or distributed:
     equal numpy on every rank, bytes == model (the plan once took a pinned input to start in its pinned layout,

@@ -1,12 +1,10 @@
 """Redistribution planning (pure): piece plans agree with the volume model and, executed in-process, move data exactly."""
-import doctest
 import math
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import deinsum.redistribute
 from deinsum.errors import DeinsumError
 from deinsum.layout import Layout
 from deinsum.redistribute import plan_redistribution, received_words
@@ -215,10 +213,6 @@ def test_bad_input_is_a_one_line_deinsum_error(call, message):
     with pytest.raises(DeinsumError, match=message) as info:
         call()
     assert "\n" not in str(info.value)
-
-
-def test_doctests():
-    assert doctest.testmod(deinsum.redistribute).failed == 0
 
 
 

@@ -1,10 +1,11 @@
 """The redistribution layer under real ``mpiexec`` at P = 1..8: bit-exact data, measured bytes == modeled bytes.
 
-One launch per P runs every check (oversubscribed ranks are slow to start).
+One launch per P runs every check (oversubscribed ranks are slow to start); P = 1, 3, 4, 8 by default, every P
+under ``-m slow``.
 """
 import pytest
 
-from mpirun import check_mpi
+from mpirun import DEFAULT_P, check_mpi, some_p
 
 JOB = r'''
 import math
@@ -155,7 +156,7 @@ if rank == 0:
 '''
 
 
-@pytest.mark.parametrize("nprocs", range(1, 9))
+@pytest.mark.parametrize("nprocs", some_p(*DEFAULT_P))
 def test_redistribution_layer_under_mpiexec(nprocs, tmp_path):
     out = check_mpi(nprocs, JOB, tmp_path=tmp_path, timeout=170)
     assert out.split()[:2] == ["OK", str(nprocs)], out

@@ -325,9 +325,9 @@ def test_random_statements_closed_form_or_reason(st_):
 @pytest.mark.parametrize("module", ["deinsum.soap", "deinsum.soap.statement", "deinsum.soap.symbolic",
                                     "deinsum.soap.numeric", "deinsum.soap.parallel", "deinsum.soap.fusion",
                                     "deinsum.soap.report"])
-def test_docstring_examples_run(module):
-    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
+def test_every_soap_module_has_docstring_examples(module):
+    """pytest runs them once, from deinsum/ (``--doctest-modules``); here each module must have some."""
+    assert any(test.examples for test in doctest.DocTestFinder().find(importlib.import_module(module)))
 
 
 def test_trivial_statements_have_zero_bounds():
