@@ -676,9 +676,9 @@ class _Planner:
 
     def group_words(self, group_steps, choice: GridChoice, ranks: np.ndarray) -> dict:
         """Per ``rounds`` (``(index, T)`` or None), the words at ``ranks`` of a group's own footprint terms
-        (:func:`deinsum.footprint.group_terms`) on ``choice``: ``(held, largest transient)``; filled by
-        :meth:`rounds` (cached: every partial plan, fusion candidate and replan that puts this group on this
-        grid asks for the same)."""
+        (:func:`deinsum.footprint.group_terms`) on ``choice``: ``(held, largest transient)``, and with the moved
+        inputs; filled by :meth:`peaks` at the search's sample ranks (cached: every partial plan, fusion candidate
+        and replan that puts this group on this grid asks for the same)."""
         return self._groups.setdefault((group_steps, choice, None if ranks is None else ranks.size), {})
 
     def home(self, layout: Layout) -> Layout:
@@ -881,11 +881,12 @@ class _Planner:
         given the words held ``before`` the group (and its result where it ends), the staging of the reductions
         that bring its inputs and of its result's exit, in one step (``whole``) or in parts."""
         sizes, out = self.sizes, group_steps[-1].output
-        known = self.group_words(group_steps, choice, ranks)
+        # kept for the search (sample ranks); on every rank not kept (P words each: their terms are)
+        kept = self.group_words(group_steps, choice, ranks) if ranks.size <= self.ranks.size else None
         subs = tuple(sub for _, sub, _, _, _ in moves)   # on this grid, which inputs move says where they go
 
         def peak(index: str, t: int, prefetch: bool = False) -> tuple[np.ndarray, np.ndarray]:
-            rounds = (index, t) if t > 1 else None
+            rounds, known = ((index, t) if t > 1 else None), {} if kept is None else kept
             if rounds not in known:
                 group_held, group_transients = group_terms(choice, group_steps, out, sizes, rounds)
                 known[rounds] = (self.held_words(group_held, ranks),
