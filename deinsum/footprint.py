@@ -73,7 +73,7 @@ def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None
     first = output_subscripts[:1] if rounds and index not in output_subscripts else ""
     cut = lambda sub: (sub.index(index), count) if index and index in sub else ()  # noqa: E731
     piece = lambda sub: cut(sub) + ((sub.index(first), ROUND_PIECES) if first and first in sub else ())  # noqa: E731
-    block = lambda sub: grid.layout(sub, sizes, partial=False)  # noqa: E731
+    block = lru_cache(maxsize=None)(lambda sub: grid.layout(sub, sizes, partial=False))   # each asked for often
     result = ((block(output_subscripts), 1, 0, piece(output_subscripts)),) if rounds else ()
     held = ((block(output_subscripts), 1, 0, ()),)
     made = {s.name for s in steps}
@@ -83,7 +83,8 @@ def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None
         x, r, axes = form
         sx = reads[x]
         bounds = tuple(sx.index(c) for c in (index, first) if c and c in sx[1:])
-        first_block = lambda sub: int(block(sub).block_sizes(np.zeros(1, dtype=np.int64), piece(sub))[0])  # noqa: E731
+        first_block = lru_cache(maxsize=None)(lambda sub: int(block(sub).block_sizes(np.zeros(1, dtype=np.int64),
+                                                                                     piece(sub))[0]))
         return held, tuple(tuple((block(sub), per_word, 0, piece(sub)) for sub, per_word in terms) + result
                            for terms in mttkrp_terms(sx, r, axes, output_subscripts, bounds, first_block))
     inner = tuple((block(s.output), 1, 0, piece(s.output)) for s in steps[:-1])

@@ -641,6 +641,8 @@ class _Planner:
         self._words: dict = {}
         self._grids: dict = {}
         self._terms: dict = {}
+        self._groups: dict = {}
+        self._most: dict = {}
         self._holds: dict = {}
         self._homes: dict = {}
 
@@ -653,10 +655,12 @@ class _Planner:
         return self._words[key]
 
     def holds(self, src: Layout, dst: Layout, ranks: np.ndarray) -> bool:
-        """:func:`_holds_blocks` at ``ranks`` (cached)."""
+        """:func:`_holds_blocks` at ``ranks`` (cached; at every rank, only where the sample ranks hold theirs)."""
         key = (src, dst, ranks.size)
         if key not in self._holds:
-            self._holds[key] = _holds_blocks(src, dst, self.nprocs, ranks)
+            sampled = ranks.size == self.nprocs > self.ranks.size
+            self._holds[key] = ((not sampled or self.holds(src, dst, self.ranks))
+                                and _holds_blocks(src, dst, self.nprocs, ranks))
         return self._holds[key]
 
     def held_words(self, terms: tuple, ranks: np.ndarray) -> np.ndarray:
@@ -669,6 +673,13 @@ class _Planner:
                 self._terms[key] = term_words((term,), ranks)
             total += self._terms[key]
         return total
+
+    def group_words(self, group_steps, choice: GridChoice, ranks: np.ndarray) -> dict:
+        """Per ``rounds`` (``(index, T)`` or None), the words at ``ranks`` of a group's own footprint terms
+        (:func:`deinsum.footprint.group_terms`) on ``choice``: ``(held, largest transient)``, and with the moved
+        inputs; filled by :meth:`peaks` at the search's sample ranks (cached: every partial plan, fusion candidate
+        and replan that puts this group on this grid asks for the same)."""
+        return self._groups.setdefault((group_steps, choice, None if ranks is None else ranks.size), {})
 
     def home(self, layout: Layout) -> Layout:
         """:func:`_home` (cached)."""
@@ -806,51 +817,118 @@ class _Planner:
                      if self.in_parts(produced, final) else whole)
         exit_words = zero if final is None else self.held_words(((final, 1, 0, ()),), ranks)
 
-        def peak(index: str, t: int, prefetch: bool = False) -> tuple[np.ndarray, np.ndarray]:
-            rounds = (index, t) if t > 1 else None
-            group_held, group_transients = group_terms(choice, group_steps, out, sizes, rounds)
-            moved = tuple(moved_term(dst, (sub.index(index), t) if rounds and index in sub else None, prefetch)
-                          for _, sub, _, dst, _ in moves)
-            added = self.held_words(moved + group_held, ranks)
-            top = [self.held_words(group, ranks) for group in group_transients] + staging + [parts if rounds else whole]
-            return added, held + added + exit_words + reduce(np.maximum, top)
-
+        peak = self.peaks(group_steps, choice, moves, ranks, held + exit_words, staging, whole, parts)
         added, first = peak("", 1)
         if first.max(initial=0) <= self.budget:
             return None, False, added, first
+        every = ranks.size == self.nprocs > self.ranks.size   # every rank: the sample or a bound decides first
+        if every:
+            sample = self.ranks
+            on_sample = self.peaks(group_steps, choice, moves, sample, (held + exit_words)[sample],
+                                   [words[sample] for words in staging], whole[sample], parts[sample])
+            most = self.most_peak(group_steps, choice, moves, int((held + exit_words).max(initial=0)),
+                                  [int(words.max(initial=0)) for words in staging], int(whole.max(initial=0)),
+                                  int(parts.max(initial=0)))
         partial_sources = "".join(sub for _, sub, src, _, _ in moves if src.partial)
         indices = sorted((c for c in choice.indices if c not in partial_sources), key=lambda c: c in out)
 
+        def fits(index: str, t: int, prefetch: bool) -> bool:
+            """Whether every rank's peak in ``t`` rounds over ``index`` is within the memory: where some sampled
+            rank's is not, no; where an upper bound of every rank's is, yes; else counted on every rank."""
+            if every:
+                if most(index, t, prefetch) <= self.budget:
+                    return True
+                if on_sample(index, t, prefetch)[1].max(initial=0) > self.budget:
+                    return False
+            return peak(index, t, prefetch)[1].max(initial=0) <= self.budget
+
         def fewest(prefetch: bool) -> tuple:
-            best = (int(first.max(initial=0)), 1, "", added, first)
+            best, missed = (int(first.max(initial=0)), 1, ""), []
             for index in indices:                   # summed first: they win ties; prefetch over summed ones only
                 if prefetch and index in out:
                     continue
-                most = int(max(-(-sizes[index] // choice.dims[choice.indices.index(index)]), 1))
-                low, high = 2, most
+                low, high = 2, int(max(-(-sizes[index] // choice.dims[choice.indices.index(index)]), 1))
                 if high < low:
                     continue
-                added_i, peak_i = peak(index, high, prefetch)
-                if peak_i.max(initial=0) > self.budget:                 # no number of rounds fits: the least peak
-                    best = min(best, (int(peak_i.max(initial=0)), high, index, added_i, peak_i), key=lambda b: b[:2])
+                if not fits(index, high, prefetch):                     # no number of rounds fits
+                    missed.append((index, high))
                     continue
                 while low < high:                                       # the fewest rounds that fit
                     middle = (low + high) // 2
-                    if peak(index, middle, prefetch)[1].max(initial=0) <= self.budget:
+                    if fits(index, middle, prefetch):
                         high = middle
                     else:
                         low = middle + 1
-                added_i, peak_i = peak(index, low, prefetch)
-                candidate = (0, low, index, added_i, peak_i)
-                best = candidate if best[0] > 0 or low < best[1] else best
+                best = (0, low, index) if best[0] > 0 or low < best[1] else best
+            if best[0] > 0:                                             # none fits: the least peak
+                for index, high in missed:
+                    best = min(best, (int(peak(index, high, prefetch)[1].max(initial=0)), high, index),
+                               key=lambda b: b[:2])
             return best
 
         prefetch = self.prefetch
         best = fewest(True) if prefetch else None
         if best is None or best[0] > 0:                                 # prefetch only where its buffers fit
             prefetch, best = False, fewest(False)
-        _, t, index, added, top = best
-        return ((index, t) if index else None), prefetch and bool(index), added, top
+        _, t, index = best
+        if not index:
+            return None, False, added, first
+        return (index, t), prefetch, *peak(index, t, prefetch)
+
+    def peaks(self, group_steps, choice: GridChoice, moves: list, ranks: np.ndarray, before: np.ndarray,
+              staging: list, whole: np.ndarray, parts: np.ndarray):
+        """The function ``(index, T, prefetch) -> (added, peak)`` of :meth:`rounds` at ``ranks`` (T = 1: no rounds),
+        given the words held ``before`` the group (and its result where it ends), the staging of the reductions
+        that bring its inputs and of its result's exit, in one step (``whole``) or in parts."""
+        sizes, out = self.sizes, group_steps[-1].output
+        # kept for the search (sample ranks); on every rank not kept (P words each: their terms are)
+        kept = self.group_words(group_steps, choice, ranks) if ranks.size <= self.ranks.size else None
+        subs = tuple(sub for _, sub, _, _, _ in moves)   # on this grid, which inputs move says where they go
+
+        def peak(index: str, t: int, prefetch: bool = False) -> tuple[np.ndarray, np.ndarray]:
+            rounds, known = ((index, t) if t > 1 else None), {} if kept is None else kept
+            if rounds not in known:
+                group_held, group_transients = group_terms(choice, group_steps, out, sizes, rounds)
+                known[rounds] = (self.held_words(group_held, ranks),
+                                 reduce(np.maximum, (self.held_words(group, ranks) for group in group_transients)))
+            key = (rounds, prefetch, subs)
+            if key not in known:
+                known[key] = self.held_words(_moved_terms(moves, rounds, prefetch), ranks) + known[rounds][0]
+            added = known[key]
+            top = reduce(np.maximum, staging + [parts if rounds else whole], known[rounds][1])
+            return added, before + added + top
+        return peak
+
+    def most_peak(self, group_steps, choice: GridChoice, moves: list, before: int, staging: list, whole: int,
+                  parts: int):
+        """The function ``(index, T, prefetch) -> words``: an upper bound of every rank's peak in :meth:`rounds`
+        (each term at its largest block), given the most words any rank holds ``before`` the group and the most of
+        each staging (of the reductions that bring its inputs; of its result's exit in one step or in parts)."""
+        sizes, out = self.sizes, group_steps[-1].output
+        known = self.group_words(group_steps, choice, None)
+
+        def most(index: str, t: int, prefetch: bool = False) -> int:
+            rounds = (index, t) if t > 1 else None
+            if rounds not in known:
+                group_held, group_transients = group_terms(choice, group_steps, out, sizes, rounds)
+                known[rounds] = (self.most_words(group_held), max(self.most_words(group) for group in group_transients))
+            group_held, group_top = known[rounds]
+            return (before + self.most_words(_moved_terms(moves, rounds, prefetch)) + group_held
+                    + max(group_top, *staging, parts if rounds else whole))
+        return most
+
+    def most_words(self, terms: tuple) -> int:
+        """An upper bound of every rank's words of footprint terms: each term at its largest block (cached)."""
+        total = 0
+        for term in terms:
+            if term not in self._most:
+                layout, per_word, per_holder, cut = term
+                extents = [int(np.diff(layout.axis_bounds(x)).max(initial=0)) for x in range(len(layout.shape))]
+                for axis, count in zip(cut[::2], cut[1::2]):
+                    extents[axis] = -(-extents[axis] // count)
+                self._most[term] = per_word * math.prod(extents) + per_holder
+            total += self._most[term]
+        return total
 
     def in_parts(self, produced: Layout, final: Layout) -> bool:
         """Whether the reduction of ``produced`` (a group's partial result) into ``final`` can run in parts: it
@@ -865,6 +943,14 @@ class _Planner:
         for number, group in enumerate(groups):
             full = self.extend(full, number, group.steps, group.grid, ranks, number == len(groups) - 1)
         return full
+
+
+def _moved_terms(moves: list, rounds: tuple | None, prefetch: bool) -> tuple:
+    """The held footprint terms of a group's input ``moves`` ``(name, sub, src, dst, phase)`` in ``rounds``
+    ``(index, T)`` or None (:func:`deinsum.footprint.moved_term`)."""
+    index, t = rounds or ("", 1)
+    return tuple(moved_term(dst, (sub.index(index), t) if rounds and index in sub else None, prefetch)
+                 for _, sub, _, dst, _ in moves)
 
 
 def _group_volume(items, group_index: int) -> int:
