@@ -382,8 +382,7 @@ class Program:
         if unanimous(comm, cached is not None, given):
             plan, memory = cached, given
         else:   # the memory every rank has (the node's free memory shared by its ranks, or as given), then the plan
-            mine = self.memory if self.memory is not None else collectively(
-                comm, _memory_here, node_ranks, device, blocks, error=DeinsumError)
+            mine = collectively(comm, _memory_here, self.memory, node_ranks, device, blocks, error=DeinsumError)
             memory = comm.allreduce(mine, op=MPI.MIN)
             plan = collectively(comm, self.plan, shapes, comm.size, dtype, inputs, result, dict(pins), memory,
                                 error=DeinsumError)
@@ -563,9 +562,12 @@ def _plan(equation, shapes, nprocs, dtype, memory, inputs, result, pins=(), pref
                       default)
 
 
-def _memory_here(node_ranks: int, device, blocks) -> int:
-    """The default memory of this rank: its share of the node's free memory and, on ``device``, no more than its
-    share of the GPU with the bytes its operands (``blocks``) already hold there."""
+def _memory_here(given: int | None, node_ranks: int, device, blocks) -> int:
+    """This rank's memory: as ``given``, else its share of the node's free memory and, on ``device``, no more than
+    its share of the GPU with the bytes its operands (``blocks``) already hold there. (Every rank calls it, given
+    or not: the ranks may disagree, and their allreduce follows.)"""
+    if given is not None:
+        return given
     memory = default_memory(node_ranks)
     return memory if device is None else min(memory, device.memory + device_bytes(blocks))
 
