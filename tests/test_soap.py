@@ -361,3 +361,14 @@ def test_planning_with_sizes_never_loads_sympy_or_scipy_optimize():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["[]", "S True"]
+
+
+def test_a_weighted_footprint_does_not_depend_on_what_was_solved_before_it():
+    """Printed bounds are a function of the plan: no solver state carries from one call to the next (a process-wide
+    warm start once changed the last bits of a bound, and so a plan's printout, with the plans made before it)."""
+    from deinsum.soap.numeric import weighted_footprint
+    terms, sizes, points = ("ijk", "ja", "ka", "ia"), dict(i=400, j=300, k=200, a=24), 400 * 300 * 200 * 24 / 64
+    first = weighted_footprint(terms, (1.0, 1.0, 1.0, 1.0), sizes, "ijka", points)
+    for w in (0.3, 0.01, 0.7):
+        weighted_footprint(terms, (1.0, w, 1.0, 0.5), sizes, "ijka", points)
+    assert weighted_footprint(terms, (1.0, 1.0, 1.0, 1.0), sizes, "ijka", points) == first

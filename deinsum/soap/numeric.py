@@ -98,27 +98,30 @@ class Problem:
             return self.log_volume, self.hi.copy()
         return self._solve(lambda y: math.log(self.footprint(y)) - math.log(Xp), Xp)
 
-    def tile_for(self, log_iterations: float) -> tuple[float, np.ndarray]:
-        """Smallest footprint ``X`` (and tile) with ``log chi(X) = log_iterations``."""
+    def tile_for(self, log_iterations: float, warm: dict | None = None) -> tuple[float, np.ndarray]:
+        """Smallest footprint ``X`` (and tile) with ``log chi(X) = log_iterations``; ``warm``: the caller's store of
+        solved tiles to start from (:meth:`_least_footprint`)."""
         if log_iterations >= self.log_volume:
             return self.full + self.m0, self.hi.copy()
         if log_iterations <= 0:
             return self.unit + self.m0, np.zeros(self.n)
         if math.isfinite(self.log_volume):
-            y = self._least_footprint(log_iterations)
+            y = self._least_footprint(log_iterations, warm)
         else:
             _, y = self._solve(lambda y: y.sum() - log_iterations, math.exp(log_iterations))
         return self.footprint(y) + self.m0, y
 
-    def _least_footprint(self, total: float) -> np.ndarray:
+    def _least_footprint(self, total: float, warm: dict | None = None) -> np.ndarray:
         """The tile ``y`` of least footprint with ``sum(y) = total`` (``0 < total < sum(hi)``): Newton on the
         free classes within the plane ``sum(y) = total``; a class that a step would push through its bound
-        stays on it until its multiplier says it leaves (an active set; 2 to 10 steps)."""
+        stays on it until its multiplier says it leaves (an active set; 2 to 10 steps). ``warm``: where the
+        caller keeps the last tile of each box (the same box with other weights starts there); the caller
+        owns it, so a result depends on its own arguments only, never on what ran before in the process."""
         A, logm, hi = self.A, self.logm, self.hi
         y, fixed = hi * (total / hi.sum()), hi <= 0
         key = (self.st.classes, self.st.terms, tuple(hi), total)
-        if key in _WARM:                                       # the same box with other weights: start at its tile
-            y, fixed = (a.copy() for a in _WARM[key])
+        if warm and key in warm:                               # the same box with other weights: start at its tile
+            y, fixed = (a.copy() for a in warm[key])
         s = np.exp(A @ y + logm)
         for _ in range(500):
             grad, free = A.T @ s, np.flatnonzero(~fixed)
@@ -135,9 +138,8 @@ class Problem:
                 price = np.where(y <= 0, grad - nu, nu - grad)
                 wrong = fixed & (hi > 0) & (price < -1e-12 * abs(nu))
                 if not wrong.any():
-                    if len(_WARM) > 256:
-                        _WARM.clear()
-                    _WARM[key] = (y, fixed)
+                    if warm is not None:
+                        warm[key] = (y, fixed)
                     return y
                 fixed[np.argmin(np.where(wrong, price, np.inf))] = False
                 continue
@@ -217,11 +219,6 @@ class Problem:
         return best, self.footprint(y) + self.m0, y
 
 
-#: The last tile of each box problem solved by :meth:`Problem._least_footprint` (the joint bounds solve
-#: the same box with many weights): where Newton starts next time.
-_WARM: dict = {}
-
-
 def _root(f, a: float, b: float, xtol: float) -> float:
     """A root of ``f`` between ``a`` and ``b``, within ``xtol`` (plus 4e-16 relative); ValueError where
     ``f`` does not change sign there. False position with the Illinois step (a kept end's value is
@@ -285,7 +282,7 @@ def problem(statement: Statement, sizes: Mapping[str, int] | None) -> Problem:
 
 
 def weighted_footprint(terms: tuple[str, ...], weights: tuple[float, ...], sizes: Mapping[str, int],
-                       variables: str, points: float) -> tuple[float, dict[str, float]]:
+                       variables: str, points: float, warm: dict | None = None) -> tuple[float, dict[str, float]]:
     """The least ``W = sum_T w_T |pi_T(B)|`` over boxes ``B`` of ``points`` points in the space of
     ``variables`` (sides <= N_v), and each term's projection size there.
     By LP duality with the Hoelder-Brascamp-Lieb inequalities of the coordinate projections (the sides
@@ -311,7 +308,7 @@ def weighted_footprint(terms: tuple[str, ...], weights: tuple[float, ...], sizes
             scalars += w
     hi = np.array([sum(math.log(sizes[v]) for v in c) for c in st.classes])
     pb = Problem(Structure(st.classes, st.terms, tuple(mult), scalars), hi)
-    footprint, y = pb.tile_for(math.log(points) - sum(math.log(sizes[v]) for v in variables if v not in of))
+    footprint, y = pb.tile_for(math.log(points) - sum(math.log(sizes[v]) for v in variables if v not in of), warm)
     side = {v: float(sizes[v]) for v in variables} | split_tile(variables, pb, y, sizes)    # free ones whole
     return footprint, {t: math.prod(side[v] for v in t) for t in terms}
 

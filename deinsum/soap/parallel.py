@@ -265,9 +265,11 @@ def weighted_bound(terms: tuple[str, ...], sizes: Mapping[str, int], variables: 
     >>> round(weighted_bound(terms, sizes, "ijka", own, 40**3 * 2 / 8, 1.0))
     46
     """
+    warm: dict = {}                                    # the search's solved tiles: each starts at the last
+
     def value(theta: np.ndarray) -> tuple[float, np.ndarray]:
         """The bound at weights ``theta`` and the terms' sizes at ``most`` points."""
-        phi, at = weighted_footprint(terms, tuple(theta), sizes, variables, most)
+        phi, at = weighted_footprint(terms, tuple(theta), sizes, variables, most, warm)
         return min(cap, phi * (1 - NOISE) * scale) - float(theta @ own), np.array([at[t] for t in terms])
 
     theta = np.ones(len(terms))
