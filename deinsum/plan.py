@@ -187,6 +187,22 @@ class Plan:
         return _plan_bound(self, self.bound_analysis, dict(self.scores), self.fusion)
 
     @cached_property
+    def group_bounds(self) -> tuple[int, ...] | None:
+        """Words the busiest rank receives at least in each group's moves, in the plan's group order (each group as
+        one statement, within the plan's :attr:`balance`; the last at least what the result's copies cost): what
+        :attr:`PlanBound.per_group` holds, without the class bound's search over other paths. None as for
+        :attr:`bound`."""
+        if self.analysis is None or not self.fusion:
+            return None
+        analysis, last = self.bound_analysis, len(self.decomposition.steps) - 1
+        copies = _whole(analysis.result_copies)
+        mine = next(c for c in analysis.candidates if c.partition == self.fusion)
+        per_group = [max(copies, _whole(g.parallel.Q_indep)) if last in g.steps else _whole(g.parallel.Q_indep)
+                     for g in mine.groups]
+        in_order = sorted(range(len(self.fusion)), key=lambda k: max(self.fusion[k]))   # the order groups run in
+        return tuple(per_group[k] for k in in_order)
+
+    @cached_property
     def balance(self) -> float:
         """``rho``: the most, over the plan's groups, of the busiest rank's iterations over the average ``|V_g|/P``
         (uneven blocks and idle ranks raise it; 1: exactly balanced), rounded up to 6 decimals.
@@ -337,9 +353,9 @@ class Plan:
                 lines.append(f"    in {g.rounds_text}: each moves 1/{count} of the blocks that hold {index} (the same "
                              + ("bytes in all; those without it move once and stay) and makes that slab of the result"
                                 if g.free_rounds else "bytes in all) and adds its partial result"))
-            if self.bound is not None:
+            if self.group_bounds is not None:
                 lines.append(f"    receives {_human(g.grid.volume * size)} per rank (busiest) in its moves; its bound "
-                             f"as one statement {_human(self.bound.per_group[g.index] * size)} (its data, received "
+                             f"as one statement {_human(self.group_bounds[g.index] * size)} (its data, received "
                              f"in any group's moves)")
         lines.append("")
         lines.append("  data movement (bytes received per rank, max over ranks):")
@@ -407,7 +423,7 @@ class Plan:
                            "rounds": None if g.rounds is None else {"index": g.rounds[0], "count": g.rounds[1],
                                                                     "kind": "free" if g.free_rounds else "summed"},
                            "received_bytes_max": g.grid.volume * size,
-                           "lower_bound_bytes": None if self.bound is None else self.bound.per_group[g.index] * size})
+                           "lower_bound_bytes": None if self.group_bounds is None else self.group_bounds[g.index] * size})
         return {"equation": self.equation, "nprocs": self.nprocs, "dtype": self.dtype.name,
                 "inputs": self.inputs, "result": self.result, "pinned": list(self.pinned),
                 "memory_bytes_per_rank": self.memory,
@@ -645,6 +661,7 @@ class _Planner:
         self._most: dict = {}
         self._holds: dict = {}
         self._homes: dict = {}
+        self._rounds: dict = {}
 
     def words(self, src: Layout, dst: Layout, ranks: np.ndarray) -> np.ndarray:
         """:func:`received_words` at ``ranks`` (cached; at every rank, the plan's moves share it)."""
@@ -805,7 +822,19 @@ class _Planner:
         over a summed index); the words it adds to what ranks hold, and its peak, counted with footprint.py's own
         terms: moved and computed blocks held (one round's part where they hold the index), a step's operand copies
         (and a piece of the round's partial result, or its slab of the result) or a reduction's staging on top;
-        ``final``: where the result ends, if it moves. Rounds over either kind move the same words."""
+        ``final``: where the result ends, if it moves. Rounds over either kind move the same words. Cached at the
+        sample ranks per memory (fusion candidates and partial plans put the same group on the same grid after the
+        same words held; a replan has less memory)."""
+        if ranks.size == self.nprocs > self.ranks.size:
+            return self._fewest_rounds(group_steps, choice, moves, final, held, ranks)
+        key = (group_steps, choice, tuple(moves), final, held.tobytes(), self.budget)
+        if key not in self._rounds:
+            self._rounds[key] = self._fewest_rounds(group_steps, choice, moves, final, held, ranks)
+        return self._rounds[key]
+
+    def _fewest_rounds(self, group_steps, choice: GridChoice, moves: list, final: Layout | None, held: np.ndarray,
+                       ranks: np.ndarray) -> tuple:
+        """:meth:`rounds`, uncached."""
         sizes, out = self.sizes, group_steps[-1].output
         zero = np.zeros(ranks.size, dtype=np.int64)
         staging = [self.held_words(reduction_staging(src, dst), ranks) for _, _, src, dst, _ in moves if src.partial]
@@ -1081,12 +1110,7 @@ def _plan_bound(plan: Plan, analysis, scored: dict, chosen) -> PlanBound:
                "the groups' footprints less the shares held" + (", some jointly" if best.parallel_Q > alone
                                                                  else "")
                + (f", along the path {'; '.join(s.operation for s in best.path)}" if best.path else ""))
-    last = len(plan.decomposition.steps) - 1
-    mine = next(c for c in analysis.candidates if c.partition == chosen)
-    per_group = [max(copies, _whole(g.parallel.Q_indep)) if last in g.steps else _whole(g.parallel.Q_indep)
-                 for g in mine.groups]
-    in_order = sorted(range(len(chosen)), key=lambda k: max(chosen[k]))     # the plan's groups run in this order
-    return PlanBound(words, tuple(per_group[k] for k in in_order), tuple(candidates), binding,
+    return PlanBound(words, plan.group_bounds, tuple(candidates), binding,
                      _whole(analysis.atomic_words), _whole(analysis.schedule_bound(chosen)), analysis.covers,
                      tuple(None if p not in scored else scored[p][1] for p, _, _ in candidates), analysis.rho)
 
