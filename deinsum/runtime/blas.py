@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from . import libraries
-from .cost import L1_BYTES, L2_BYTES, NARROW, SMALL_GEMM
+from .cost import L1_BYTES, L2_BYTES, SMALL_GEMM, cut_in_pieces
 from .libraries import array_module, gemm_choice
 
 #: deinsum's streaming GEMMs where the routes run them (``libraries._STREAM_BUILT``), else None.
@@ -156,7 +156,8 @@ def matmul(a, b, library=None):
     installed and it reads the float operands in place; otherwise numpy, where a float GEMM with a
     narrow side (<= 16: a TTM) runs in pieces of at most 1e6 multiply-adds, cut along its wide side,
     so OpenBLAS streams the wide operand in place instead of packing it first ((8 x 24) @ (24 x 13824),
-    24 times: 4.7 ms in pieces, 6.7 ms in one).
+    24 times: 4.7 ms in pieces, 6.7 ms in one); not where a piece would be narrower than 16 (a long
+    summed side: (8 x 262144) @ (262144 x 64) took 0.23 s in 64 pieces, 0.02 s in one).
 
     >>> a, b = np.ones((2, 8, 24)), np.ones((24, 9000))
     >>> bool((matmul(a, b) == 24).all()), matmul(a, b[:, :0]).shape
@@ -183,11 +184,11 @@ def matmul(a, b, library=None):
                              0.0, res.ctypes.data, n, m * n, res.size // (m * n))
             return res
     with np.errstate(all="ignore"):   # (no floating-point warnings on NaN or inf: as on MKL, whatever the route)
-        if m * k * n <= SMALL_GEMM or min(m, n) > NARROW or dtype.kind != "f":
+        if not cut_in_pieces(m, k, n) or dtype.kind != "f":
             return a @ b
         res = np.empty(batch + (m, n), dtype)
         wide = max(m, n)
-        pieces = -(-wide // max(1, SMALL_GEMM // (k * min(m, n))))
+        pieces = -(-wide // (SMALL_GEMM // (k * min(m, n))))
         step = -(-wide // pieces)                                       # even pieces
         for lo in range(0, wide, step):
             if m > n:

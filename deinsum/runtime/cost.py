@@ -33,6 +33,18 @@ SMALL_GEMM = 1_000_000
 NARROW = 16
 
 
+def cut_in_pieces(m, k, n):
+    """Whether ``blas.matmul`` runs an (m x k) @ (k x n) GEMM (numpy's BLAS) in pieces of at most SMALL_GEMM
+    multiply-adds along its wide side: past that size, with a narrow side, where each piece keeps NARROW columns
+    of the wide side at least (a long k would cut it into matrix-vector products).
+
+    >>> cut_in_pieces(8, 24, 13824), cut_in_pieces(8, 262144, 64), cut_in_pieces(64, 24, 13824)
+    (True, False, False)
+    """
+    narrow = min(m, n)
+    return m * k * n > SMALL_GEMM and narrow <= NARROW and SMALL_GEMM // max(k * narrow, 1) >= NARROW
+
+
 def gemm_seconds(m, k, n, calls=1, pieces=False, short=(4.0, 48.0, 24.0)):
     """Modeled seconds of ``calls`` numpy GEMMs (m x k) @ (k x n), C order: small sizes run below peak
     (an m, k or n of ``short`` doubles the time per flop).
@@ -41,7 +53,7 @@ def gemm_seconds(m, k, n, calls=1, pieces=False, short=(4.0, 48.0, 24.0)):
     with ``pieces`` (TTM steps through ``blas.matmul``: a short k), small-matrix kernels (up to 1e6
     multiply-adds per call, or a narrow side cut in such pieces) run at a flat rate with little set-up.
     """
-    if pieces and (m * k * n <= SMALL_GEMM or min(m, n) <= NARROW):
+    if pieces and (m * k * n <= SMALL_GEMM or cut_in_pieces(m, k, n)):
         return calls * (-(-m * k * n // SMALL_GEMM) * _CALL_SMALL + 2.0 * m * k * n / _SMALL_RATE)
     eff = 1.0 / (1.0 + short[0] / m + short[1] / k + short[2] / n)
     return calls * (2.0 * m * k * n / (_PEAK * eff) + _CALL)
