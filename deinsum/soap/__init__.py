@@ -67,8 +67,8 @@ def __dir__() -> list[str]:
 def clear_caches() -> None:
     """Forget every cached statement structure, closed form and numeric problem (for cold timings)."""
     from . import fusion, numeric, statement
-    caches = [statement.structure, numeric._problem, numeric._rho, numeric.tile_for, fusion._reference_cost,
-              fusion._joint_cached]
+    caches = [statement.structure, numeric._problem, numeric._rho, numeric.tile_for, numeric._weighing,
+              fusion._reference_cost, fusion._joint_cached]
     symbolic = sys.modules.get(f"{__name__}.symbolic")          # not loaded: nothing of it to forget
     for f in caches + ([symbolic._bound, symbolic._solve] if symbolic else []):
         f.cache_clear()

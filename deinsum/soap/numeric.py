@@ -33,9 +33,9 @@ _DECREMENT_TOL = 1e-26
 class Problem:
     """The tile problem of one statement with per-class bounds ``0 <= y_c <= hi_c``."""
 
-    def __init__(self, st: Structure, hi: np.ndarray):
+    def __init__(self, st: Structure, hi: np.ndarray, incidence: np.ndarray | None = None):
         self.st = st
-        self.A = st.incidence()
+        self.A = st.incidence() if incidence is None else incidence   # (given: the same classes and terms)
         self.logm = np.log(np.asarray(st.mult, dtype=float))
         self.m0 = float(st.scalars)
         self.hi = np.asarray(hi, dtype=float)
@@ -145,14 +145,15 @@ class Problem:
                 continue
             with np.errstate(divide="ignore", invalid="ignore"):
                 room = np.where(fixed, np.inf, np.where(d > 0, (hi - y) / d, np.where(d < 0, -y / d, np.inf)))
-            step = min(1.0, room.min())
+            least = room.min()
+            step = min(1.0, least)
             while True:                                        # backtracking (Armijo)
                 y_new = y + step * d
                 s_new = np.exp(A @ y_new + logm)
                 if s_new.sum() <= F - 1e-4 * step * decrement or step < 1e-14:
                     break
                 step *= 0.5
-            if step >= room.min():                             # a bound stops the step: the class stays on it
+            if step >= least:                                  # a bound stops the step: the class stays on it
                 hit = int(np.argmin(room))
                 y_new[hit], fixed[hit] = (hi[hit] if d[hit] > 0 else 0.0), True
             y = np.clip(y_new, 0.0, hi)
@@ -294,23 +295,34 @@ def weighted_footprint(terms: tuple[str, ...], weights: tuple[float, ...], sizes
     >>> round(weighted_footprint(("ik", "kj", "ij"), (1, 1, 0), dict(i=8, j=8, k=8), "ijk", 64)[0], 6)  # j free
     16.0
     """
-    kept = tuple(t for t, w in zip(terms, weights) if w > 0)
+    kept = tuple(k for k, w in enumerate(weights) if w > 0)
     if points < 1 or not kept:
         return 0.0, {t: float(points >= 1) for t in terms}
-    st = structure(kept)
-    of = {v: n for n, c in enumerate(st.classes) for v in c}
+    st, rows, hi, incidence, free = _weighing(terms, kept, variables, tuple(sizes[v] for v in variables))
     mult = [0.0] * len(st.terms)
     scalars = 0.0
-    for t, w in zip(terms, weights):
-        if w > 0 and t:
-            mult[st.terms.index(tuple(sorted({of[v] for v in t})))] += w
-        elif w > 0:
-            scalars += w
-    hi = np.array([sum(math.log(sizes[v]) for v in c) for c in st.classes])
-    pb = Problem(Structure(st.classes, st.terms, tuple(mult), scalars), hi)
-    footprint, y = pb.tile_for(math.log(points) - sum(math.log(sizes[v]) for v in variables if v not in of), warm)
+    for k, row in zip(kept, rows):
+        if row < 0:
+            scalars += weights[k]
+        else:
+            mult[row] += weights[k]
+    pb = Problem(Structure(st.classes, st.terms, tuple(mult), scalars), hi, incidence)
+    footprint, y = pb.tile_for(math.log(points) - free, warm)
     side = {v: float(sizes[v]) for v in variables} | split_tile(variables, pb, y, sizes)    # free ones whole
     return footprint, {t: math.prod(side[v] for v in t) for t in terms}
+
+
+@lru_cache(maxsize=4096)
+def _weighing(terms: tuple[str, ...], kept: tuple[int, ...], variables: str, extents: tuple[int, ...]) -> tuple:
+    """What :func:`weighted_footprint` solves for the ``kept`` terms (those weighted), whatever their weights:
+    their structure, each one's row in it (-1: a scalar), the classes' log sizes, the incidence matrix, and the
+    log size of the variables in none of them (free); cached (a weight search asks for the same terms often)."""
+    sizes = dict(zip(variables, extents))
+    st = structure(tuple(terms[k] for k in kept))
+    of = {v: n for n, c in enumerate(st.classes) for v in c}
+    rows = tuple(st.terms.index(tuple(sorted({of[v] for v in terms[k]}))) if terms[k] else -1 for k in kept)
+    hi = np.array([sum(math.log(sizes[v]) for v in c) for c in st.classes])
+    return st, rows, hi, st.incidence(), sum(math.log(sizes[v]) for v in variables if v not in of)
 
 
 def split_tile(variables: str, pb: Problem, y: np.ndarray, sizes: Mapping[str, int] | None) -> dict[str, float]:
