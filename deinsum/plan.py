@@ -877,10 +877,13 @@ class _Planner:
                 if prefetch and index in out:
                     continue
                 low, high = 2, int(max(-(-sizes[index] // choice.dims[choice.indices.index(index)]), 1))
+                if best[0] == 0:                                        # only fewer rounds than found can win
+                    high = min(high, best[1] - 1)
                 if high < low:
                     continue
-                if not fits(index, high, prefetch):                     # no number of rounds fits
-                    missed.append((index, high))
+                if not fits(index, high, prefetch):                     # no number of rounds fits (or none fewer)
+                    if best[0] > 0:
+                        missed.append((index, high))
                     continue
                 while low < high:                                       # the fewest rounds that fit
                     middle = (low + high) // 2
