@@ -111,10 +111,10 @@ def _comment_block(text: str) -> str:
 
 def _layouts(plan) -> dict:
     """Every layout the data names (moves, footprint), numbered in order of first use: ``{layout: "L<k>"}``."""
-    held, transients = footprint_terms(plan)
     names: dict = {}
     for layout in [x for m in plan.moves for x in (m.src, m.dst)] + [p.src for p in plan.prepasses] + [
-            term[0] for group in (held, *transients) for term in group] + [*plan.entry, plan.exit]:
+            term[0] for held, transients in footprint_terms(plan) for group in (held, *transients) for term in group
+    ] + [*plan.entry, plan.exit]:
         names.setdefault(layout, f"L{len(names)}")
     return names
 
@@ -141,11 +141,15 @@ def generate(plan, device: str = "cpu") -> str:
         _comment_block(plan.text(bounds=False) + "\n  (its lower bounds: deinsum plan, with the same sizes, P, modes and memory)"),
         "from __future__ import annotations",
     ]
-    held, transients = footprint_terms(plan)
     names = _layouts(plan)
 
     def terms(group):
-        return "".join(f"\n        ({names[layout]}, {word}, {holder}, {cut!r})," for layout, word, holder, cut in group)
+        return "".join(f"\n            ({names[layout]}, {word}, {holder}, {cut!r})," for layout, word, holder, cut in group)
+
+    def phase(held, transients):
+        return ("\n    (\n        (" + terms(held) + "\n        ),\n        (" + "".join(
+            f"\n            ({', '.join(f'({names[layout]}, {w}, {h}, {c!r})' for layout, w, h, c in group)},),"
+            for group in transients) + "\n        ),\n    ),")
 
     data = [
         f"# {'=' * 20} the plan's data {'=' * 20}",
@@ -171,12 +175,10 @@ def generate(plan, device: str = "cpu") -> str:
         "# along axis)",
         "MOVES = [" + "".join(f"\n    ({m.phase!r}, {m.label!r}, {names[m.src]}, {names[m.dst]}, "
                               f"{m.redistribution.split!r}, {m.rounds or m.parts!r})," for m in plan.moves) + "\n]",
-        "# peak bytes per rank (an upper bound), checked against --memory before any work: the held terms plus",
-        "# the largest transient, each term (layout, words per element of its block, words where it holds one,",
-        "# (axis, rounds) where one round's part of the block counts)",
-        "FOOTPRINT = (\n    (" + terms(held) + "\n    ),\n    (" + "".join(
-            f"\n        ({', '.join(f'({names[layout]}, {w}, {h}, {c!r})' for layout, w, h, c in group)},),"
-            for group in transients) + "\n    ),\n)",
+        "# peak bytes per rank (an upper bound), checked against --memory before any work: per group (held, transients),",
+        "# the most over groups of the terms held so far plus the group's largest transient, each term (layout, words",
+        "# per element of its block, words where it holds one, (axis, rounds) where one round's part of the block counts)",
+        "FOOTPRINT = (" + "".join(phase(held, transients) for held, transients in footprint_terms(plan)) + "\n)",
     ]
     for g in plan.groups:
         data.append(f"GRID{g.index} = {tuple(g.grid.dims)!r}  # ({', '.join(g.indices)})")

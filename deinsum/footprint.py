@@ -5,8 +5,9 @@ or emitted) holds at once on a rank, in bytes:
 
 * the inputs as the caller holds them (their entry layouts, raw shapes), and the
   blocks their unary pre-pass steps make;
-* every block the program binds: each move's destination block and each group's
-  result block on its grid (the program keeps its names to the end); in a group
+* every block the program has bound so far: each move's destination block and each group's
+  result block on its grid (the program keeps its names to the end, so the blocks of the
+  groups that come later are not there yet when a group runs); in a group
   that runs in rounds, one round's part of the moved blocks that hold the rounds'
   index (a summed index, or a free one: then the result is made slab by slab; two rounds'
   parts of a move that prefetches: round t + 1's arrives while round t computes);
@@ -36,28 +37,40 @@ from functools import lru_cache
 import numpy as np
 
 from .peak import ROUND_PIECES, SMALL_SCRATCH, mttkrp_form, mttkrp_runs, peak_bytes
+from .schedule import Move, Prepass
 
 
 def footprint_terms(plan) -> tuple:
-    """The plan's peak as layouts, ``(held, transients)``: the sum of the ``held`` terms plus the largest sum of
-    one tuple of ``transients``, each term ``(layout, per_word, per_holder, cut)`` counting ``per_word`` words
-    per element of the layout's block (of one round's part of it where ``cut`` is ``(axis, rounds)``; of one
-    piece of that where it goes on ``axis, pieces``: :meth:`deinsum.layout.Layout.block_sizes`) and
-    ``per_holder`` words where the rank holds a block (see :func:`peak_bytes`). Small (a few terms per move
-    and step), so emitted scripts carry it."""
+    """The plan's peak as layouts, one ``(held, transients)`` per phase: a group with the moves that bring its
+    inputs (the last also with its result's exit). A phase's peak is the sum of the ``held`` terms of that phase
+    and every phase before it (the program keeps what it binds to the end) plus the largest sum of one tuple of
+    its ``transients``; the plan's is the most over its phases. Each term ``(layout, per_word, per_holder, cut)``
+    counts ``per_word`` words per element of the layout's block (of one round's part of it where ``cut`` is
+    ``(axis, rounds)``; of one piece of that where it goes on ``axis, pieces``:
+    :meth:`deinsum.layout.Layout.block_sizes`) and ``per_holder`` words where the rank holds a block (see
+    :func:`peak_bytes`). Small (a few terms per move and step), so emitted scripts carry it."""
     sizes = plan.decomposition.sizes
     # the caller keeps its operands; each pre-pass step's blocks come on top
-    held = [(layout, 1, 0, ()) for layout in plan.entry] + [(p.dst, 1, 0, ()) for p in plan.prepasses]
-    transients = []
-    for m in plan.moves:
-        held.append(moved_term(m.dst, m.rounds, m.prefetch))
-        if m.src.partial:
-            transients.append(reduction_staging(m.src, m.dst, m.parts))
-    for g in plan.groups:
-        group_held, group_transients = group_terms(g.grid, g.steps, g.output_subscripts, sizes, g.rounds)
-        held += group_held
-        transients += group_transients
-    return tuple(held), tuple(transients)
+    held, transients, phases = [(layout, 1, 0, ()) for layout in plan.entry], [], []
+    for item in plan.schedule:
+        if isinstance(item, Prepass):
+            held.append((item.dst, 1, 0, ()))
+        elif isinstance(item, Move):
+            held.append(moved_term(item.dst, item.rounds, item.prefetch))
+            if item.src.partial:
+                transients.append(reduction_staging(item.src, item.dst, item.parts))
+        else:
+            group = item.group
+            group_held, group_transients = group_terms(group.grid, group.steps, group.output_subscripts, sizes,
+                                                       group.rounds)
+            phases.append([held + list(group_held), transients + list(group_transients)])
+            held, transients = [], []
+    if phases:                 # the exit, in the last group's phase (as the planner counts it)
+        phases[-1][0] += held
+        phases[-1][1] += transients
+    else:
+        phases.append([held, transients])
+    return tuple((tuple(h), tuple(t)) for h, t in phases)
 
 
 def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None) -> tuple:

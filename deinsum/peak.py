@@ -69,12 +69,24 @@ def term_words(group: tuple, ranks: np.ndarray) -> np.ndarray:
     return total
 
 
-def peak_bytes(terms: tuple, ranks, itemsize: int) -> np.ndarray:
-    """Peak bytes of :func:`deinsum.footprint.footprint_terms` ``terms`` at ``ranks`` for elements of ``itemsize`` bytes,
-    ``SLACK`` included; vectorised."""
+def peak_bytes(phases: tuple, ranks, itemsize: int) -> np.ndarray:
+    """Peak bytes of :func:`deinsum.footprint.footprint_terms` ``phases`` at ``ranks`` for elements of ``itemsize``
+    bytes: the most over phases of what this phase and those before it hold plus its largest transient,
+    ``SLACK`` included; vectorised.
+
+    >>> from deinsum.layout import Layout
+    >>> even = Layout.even((10, 8), 2)                        # blocks of 5 x 8 (40 words)
+    >>> first = (((even, 1, 0, ()),), (((even, 2, 0, ()),),))  # one block held, two on top while it runs
+    >>> second = (((even, 1, 0, ()),), ())                    # then one more held
+    >>> ((peak_bytes((first, second), [0], 1) - SLACK) // 40).tolist()   # 1 + 2, then 2 + 0
+    [3]
+    """
     ranks = np.asarray(ranks, dtype=np.int64)
-    held, transients = terms
-    transient = np.zeros(ranks.size, dtype=np.int64)
-    for group in transients:
-        transient = np.maximum(transient, term_words(group, ranks))
-    return (term_words(held, ranks) + transient) * itemsize + SLACK
+    held = peak = np.zeros(ranks.size, dtype=np.int64)
+    for phase_held, transients in phases:
+        held = held + term_words(phase_held, ranks)
+        transient = np.zeros(ranks.size, dtype=np.int64)
+        for group in transients:
+            transient = np.maximum(transient, term_words(group, ranks))
+        peak = np.maximum(peak, held + transient)
+    return peak * itemsize + SLACK

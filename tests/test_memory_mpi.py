@@ -140,7 +140,7 @@ FREE_ROUNDS_CASES = {
         ("ijk,kl->ijl", _TTM, "global", "all", 7), ("ij,jk,kl->il", _CHAIN, "global", "all", 1)],
     3: [("ij,jk->ik", _MM, "local", "distributed", 6), ("ij,jk->ik", dict(i=1024, j=8, k=256), "local", "distributed", 7),
         ("bij,bjk->bik", _BATCHED, "root", "root", 7), ("ijk,kl->ijl", _TTM, "global", "distributed", 4)],
-    4: [("ij,jk->ik", _MM, "global", "all", 6), ("ij,jk,kl->il", _CHAIN, "local", "distributed", 4),
+    4: [("ij,jk->ik", _MM, "global", "all", 6), ("ij,jk,kl->il", _CHAIN, "local", "distributed", 7),
         ("bij,bjk->bik", _BATCHED, "global", "distributed", 3), ("ijk,kl->ijl", _TTM, "local", "distributed", 7)],
 }
 

@@ -61,9 +61,8 @@ def summarize(samples):
 
 def footprint_of(ns):
     """The script's ``FOOTPRINT`` as :func:`deinsum.peak.peak_bytes` takes it (its layouts are tuples)."""
-    held, transients = ns["FOOTPRINT"]
     terms = lambda group: tuple((Layout(*layout), *rest) for layout, *rest in group)  # noqa: E731
-    return terms(held), tuple(terms(group) for group in transients)
+    return tuple((terms(held), tuple(terms(group) for group in transients)) for held, transients in ns["FOOTPRINT"])
 
 
 def script_runtime(ns, comm, device=None):
