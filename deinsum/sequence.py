@@ -113,23 +113,31 @@ class SequencePlan:
                 "sum_of_chosen_fusion_bounds_bytes": sum(self.chosen_bound_words) * itemsize}
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, bounds: bool = True) -> str:
+        """The printed sequence (``str(sweep)``); without ``bounds``, each step's traffic but not its lower
+        bounds (seconds per order-5 MTTKRP: running a sequence does not need them)."""
         itemsize = self.plans[0].dtype.itemsize
 
         def row(name, words, bound, chosen):
-            return (name, f"{words * itemsize:,}", f"{chosen * itemsize:,}", f"{words / chosen:.2f}" if chosen else "-",
-                    f"{bound * itemsize:,}")
+            cells = (name, f"{words * itemsize:,}")
+            return cells + (f"{chosen * itemsize:,}", f"{words / chosen:.2f}" if chosen else "-",
+                            f"{bound * itemsize:,}") if bounds else cells
 
-        rows = [row(str(s), w, b, c) for s, w, b, c in zip(self.steps, self.step_words, self.bound_words,
-                                                            self.chosen_bound_words)]
-        rows.append(row("total per sweep", self.total_words, sum(self.bound_words), sum(self.chosen_bound_words)))
-        head = ("step", "received B/rank", "bound (this fusion)", "ratio", "bound (any fusion)")
+        zeros = (0,) * len(self.steps)
+        bound, chosen = (self.bound_words, self.chosen_bound_words) if bounds else (zeros, zeros)
+        rows = [row(str(s), w, b, c) for s, w, b, c in zip(self.steps, self.step_words, bound, chosen)]
+        rows.append(row("total per sweep", self.total_words, sum(bound), sum(chosen)))
+        head = ("step", "received B/rank", "bound (this fusion)", "ratio", "bound (any fusion)")[:len(rows[0])]
         widths = [max(len(r[k]) for r in rows + [head]) for k in range(len(head))]
 
         def line(cells):
             return "  " + "  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(cells, widths)))
 
         lines = [f"sequence of {len(self.steps)} einsums on P = {self.nprocs} ranks, {self.plans[0].dtype.name}: "
-                 f"bytes the busiest rank receives per step, next to the step's lower bounds", line(head)]
+                 f"bytes the busiest rank receives per step" + (", next to the step's lower bounds" if bounds else ""),
+                 line(head)]
         lines += [line(r) for r in rows]
         lines.append("homes (between steps): " + "; ".join(f"{n} {lay.spec()}" for n, lay in self.homes))
         read = dict.fromkeys(t for s in self.steps for t in s.inputs)

@@ -38,6 +38,9 @@ def test_report_names_steps_totals_and_homes():
     text = str(sweep)
     assert "A = einsum('ijk,ja,ka->ia', X, B, C)" in text and "total per sweep" in text
     assert f"{sweep.total_words * 8:,}" in text and "never moved): X" in text
+    lean = sweep.text(bounds=False)       # the same rows, traffic only
+    assert "bound" not in lean and "ratio" not in lean
+    assert all(full.startswith(row) for row, full in zip(lean.splitlines()[1:], text.splitlines()[1:], strict=True))
     data = sweep.to_dict()
     assert data["total_received_bytes"] == 8 * sum(sweep.step_words)
     assert data["homes"]["X"] == sweep.layouts["X"].spec()
