@@ -101,13 +101,21 @@ def random_einsums(draw):
     return eq, shapes
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_einsums(), st.integers(0, 2**32 - 1))
-def test_random_einsums_all_dtypes(case, seed):
+def random_einsum_all_dtypes(case, seed):
     eq, shapes = case
     rng = np.random.default_rng(seed)
     for dtype in DTYPES:
         assert_matches_numpy(eq, shapes, dtype, rng)
+
+
+def sample(count: int):
+    """A test of :func:`random_einsum_all_dtypes` on ``count`` random einsums."""
+    return settings(max_examples=count, deadline=None, suppress_health_check=[HealthCheck.too_slow])(
+        given(random_einsums(), st.integers(0, 2**32 - 1))(random_einsum_all_dtypes))
+
+
+test_random_einsums_all_dtypes = sample(250)
+test_random_einsums_all_dtypes_1000 = pytest.mark.slow(sample(1000))
 
 
 MALFORMED = [

@@ -3,7 +3,7 @@ differ between ranks (threads, device, memory, result, pinned layouts, Distribut
 
 Every step of a launch ends the same way on every rank: the right result, or the same one-line DeinsumError;
 never a hang (each launch has a timeout), a raw MPI error or a wrong result. Options that the ranks combine
-(memory: the least of them) run; the others must be refused everywhere. 10 launches by default, 100 under
+(memory: the least of them) run; the others must be refused everywhere. 5 launches by default, 100 under
 ``-m slow``.
 """
 import random
@@ -99,12 +99,16 @@ def check_launch(seed: int, tmp_path) -> None:
         assert outcome.startswith("ERROR") == must_refuse, (label, outcome, where)
 
 
-@pytest.mark.parametrize("seed", range(10))
+#: Five launches that take every kind of step between them, at P = 2, 3 and 4.
+DEFAULT_SEEDS = (0, 1, 2, 3, 5)
+
+
+@pytest.mark.parametrize("seed", DEFAULT_SEEDS)
 def test_randomized_launches_never_hang_nor_go_wrong(seed, tmp_path):
     check_launch(seed, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(10, 100))
+@pytest.mark.parametrize("seed", [s for s in range(100) if s not in DEFAULT_SEEDS])
 def test_randomized_launches_never_hang_nor_go_wrong_100(seed, tmp_path):
     check_launch(seed, tmp_path)
