@@ -97,11 +97,11 @@ def test_run_on_local_blocks_loads_and_saves(tmp_path):
 
 
 @pytest.mark.parametrize("nprocs, inputs", [(2, "global"), (3, "root")])
-def test_pinned_input_is_planned_emitted_and_run(nprocs, inputs):
+def test_pinned_input_is_planned_emitted_and_run(nprocs, inputs, capsys):
     """``--layout 0=even`` with whole inputs: the plan shows the move into the pinned layout, the script runs it."""
     args = ["ij,jk->ik", "--size", "i=64,j=64,k=64", "--nprocs", str(nprocs), "--inputs", inputs,
             "--layout", "0=even"]
-    res = run("plan", *args)
+    res = cli(capsys, "plan", *args)
     assert res.returncode == 0 and "pinned: in0" in res.stdout, res.stderr
     assert "in0: distribute (convert pinned layout)" in res.stdout
     res = run("run", *args, "--validate", "--repeat", "1", "--timeout", "120")
