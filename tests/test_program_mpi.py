@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from mpirun import DEFAULT_P, check_mpi, run_mpi_script, some_p
+from mpirun import check_mpi, run_mpi_script, some_p
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
 
@@ -92,7 +92,7 @@ def check_cases(nprocs, cases, tmp_path, tight=False, prefetch=False):
     return summary
 
 
-@pytest.mark.parametrize("nprocs", some_p(*DEFAULT_P))
+@pytest.mark.parametrize("nprocs", some_p(1, 3, 4))   # (P = 8, four ranks a core here: slow; test_emit runs it)
 def test_program_matches_numpy_and_model(nprocs, tmp_path):
     check_cases(nprocs, SUBSET, tmp_path)
 

@@ -510,13 +510,13 @@ def _random_launches(tmp_path, seeds):
 
 
 def test_randomized_disagreement(tmp_path):
-    counts = _random_launches(tmp_path, range(10))
-    assert sum(counts.values()) == 10
+    counts = _random_launches(tmp_path, range(5))
+    assert sum(counts.values()) == 5
 
 
 @pytest.mark.slow
 def test_randomized_disagreement_hundred_launches(tmp_path):
-    counts = _random_launches(tmp_path, range(100, 200))
+    counts = _random_launches(tmp_path, range(5, 105))
     assert sum(counts.values()) == 100
 
 
