@@ -671,12 +671,16 @@ class _Planner:
             self._words[key] = received_words(src, dst, self.nprocs, None if every else ranks)
         return self._words[key]
 
+    def past_sample(self, ranks: np.ndarray) -> bool:
+        """Whether ``ranks`` are every rank where the search samples fewer (the chosen plan's exact model): there
+        the sample or a bound decides first, and what is counted is not cached per group (P words each)."""
+        return ranks.size == self.nprocs > self.ranks.size
+
     def holds(self, src: Layout, dst: Layout, ranks: np.ndarray) -> bool:
         """:func:`_holds_blocks` at ``ranks`` (cached; at every rank, only where the sample ranks hold theirs)."""
         key = (src, dst, ranks.size)
         if key not in self._holds:
-            sampled = ranks.size == self.nprocs > self.ranks.size
-            self._holds[key] = ((not sampled or self.holds(src, dst, self.ranks))
+            self._holds[key] = ((not self.past_sample(ranks) or self.holds(src, dst, self.ranks))
                                 and _holds_blocks(src, dst, self.nprocs, ranks))
         return self._holds[key]
 
@@ -825,7 +829,7 @@ class _Planner:
         ``final``: where the result ends, if it moves. Rounds over either kind move the same words. Cached at the
         sample ranks per memory (fusion candidates and partial plans put the same group on the same grid after the
         same words held; a replan has less memory)."""
-        if ranks.size == self.nprocs > self.ranks.size:
+        if self.past_sample(ranks):
             return self._fewest_rounds(group_steps, choice, moves, final, held, ranks)
         key = (group_steps, choice, tuple(moves), final, held.tobytes(), self.budget)
         if key not in self._rounds:
@@ -850,7 +854,7 @@ class _Planner:
         added, first = peak("", 1)
         if first.max(initial=0) <= self.budget:
             return None, False, added, first
-        every = ranks.size == self.nprocs > self.ranks.size   # every rank: the sample or a bound decides first
+        every = self.past_sample(ranks)
         if every:
             sample = self.ranks
             on_sample = self.peaks(group_steps, choice, moves, sample, (held + exit_words)[sample],
@@ -914,7 +918,7 @@ class _Planner:
         that bring its inputs and of its result's exit, in one step (``whole``) or in parts."""
         sizes, out = self.sizes, group_steps[-1].output
         # kept for the search (sample ranks); on every rank not kept (P words each: their terms are)
-        kept = self.group_words(group_steps, choice, ranks) if ranks.size <= self.ranks.size else None
+        kept = None if self.past_sample(ranks) else self.group_words(group_steps, choice, ranks)
         subs = tuple(sub for _, sub, _, _, _ in moves)   # on this grid, which inputs move says where they go
 
         def peak(index: str, t: int, prefetch: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -64,7 +64,8 @@ def plan_seconds(equation: str, shapes, nprocs: int, memory: int | None) -> tupl
 
 
 def bound_seconds(plan) -> float:
-    """Wall seconds of a plan's printed lower bounds (the class bound: every contraction path's candidates)."""
+    """Wall seconds of a plan's report with its lower bounds once the report without them was made (its volumes and
+    peaks cached): what printing the bounds adds (the class bound: every contraction path's candidates)."""
     start = time.perf_counter()
     plan.text()
     return time.perf_counter() - start
