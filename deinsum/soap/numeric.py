@@ -119,7 +119,7 @@ class Problem:
         owns it, so a result depends on its own arguments only, never on what ran before in the process."""
         A, logm, hi = self.A, self.logm, self.hi
         y, fixed = hi * (total / hi.sum()), hi <= 0
-        key = (self.st.classes, self.st.terms, tuple(hi), total)
+        key = None if warm is None else (self.st.classes, self.st.terms, tuple(hi), total)
         if warm and key in warm:                               # the same box with other weights: start at its tile
             y, fixed = (a.copy() for a in warm[key])
         s = np.exp(A @ y + logm)
