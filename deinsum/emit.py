@@ -144,12 +144,17 @@ def generate(plan, device: str = "cpu") -> str:
     names = _layouts(plan)
 
     def terms(group):
-        return "".join(f"\n            ({names[layout]}, {word}, {holder}, {cut!r})," for layout, word, holder, cut in group)
+        """A tuple of footprint terms, as many on a line as 120 columns hold."""
+        lines = [""]
+        for text in (f"({names[layout]}, {w}, {h}, {c!r})," for layout, w, h, c in group):
+            if lines[-1] and 13 + len(lines[-1]) + len(text) > 120:
+                lines.append("")
+            lines[-1] += (" " if lines[-1] else "") + text
+        return "(" + "\n            ".join(lines) + ")"
 
     def phase(held, transients):
-        return ("\n    (\n        (" + terms(held) + "\n        ),\n        (" + "".join(
-            f"\n            ({', '.join(f'({names[layout]}, {w}, {h}, {c!r})' for layout, w, h, c in group)},),"
-            for group in transients) + "\n        ),\n    ),")
+        return (f"\n    (\n        {terms(held)},\n        (" + "".join(f"\n            {terms(group)},"
+                                                                      for group in transients) + "\n        ),\n    ),")
 
     data = [
         f"# {'=' * 20} the plan's data {'=' * 20}",
@@ -169,10 +174,9 @@ def generate(plan, device: str = "cpu") -> str:
         "\n".join(f"{name} = {_literal(layout)}" for layout, name in names.items()),
         f"ENTRY = [{', '.join(names[layout] for layout in plan.entry)}]  # where the inputs start, {plan.inputs}",
         f"EXIT = {names[plan.exit]}  # where the result ends, {plan.result}",
-        "# MOVES[k] = (timer, label, source layout, destination layout, split, rounds) of move k, from which every",
-        "# rank builds its own exchange tables at start-up (split: None, or how a reduce-scatter first cuts each",
-        "# block; rounds: None, or (axis, T): T steps, each bringing one round's or part's share of the block",
-        "# along axis)",
+        "# MOVES[k] = (timer, label, source, destination, split, rounds): each rank builds its exchange tables",
+        "# from them at start-up; split: how a reduce-scatter first cuts each block; rounds: (axis, T), T steps",
+        "# each bringing one round's or part's share of the block along axis (None: no split, one step)",
         "MOVES = [" + "".join(f"\n    ({m.phase!r}, {m.label!r}, {names[m.src]}, {names[m.dst]}, "
                               f"{m.redistribution.split!r}, {m.rounds or m.parts!r})," for m in plan.moves) + "\n]",
         "# peak bytes per rank (an upper bound), checked against --memory before any work: per group (held, transients),",

@@ -12,8 +12,8 @@ or emitted) holds at once on a rank, in bytes:
   index (a summed index, or a free one: then the result is made slab by slab; two rounds'
   parts of a move that prefetches: round t + 1's arrives while round t computes);
 * the largest transient on top: while a group's kernel runs, what it makes (an MTTKRP:
-  :func:`mttkrp_terms`; else its intermediate steps' outputs and a step's operand copies,
-  transposes for BLAS), in rounds of one
+  :func:`deinsum.peak.mttkrp_scratch`; else its intermediate steps' outputs and a step's operand
+  copies, transposes for BLAS), in rounds of one
   round's part and of the piece the kernel is called on (``Runtime.contract_round``
   cuts what holds the result's first index into ROUND_PIECES pieces), and a piece of
   the round's partial result (over a free index: the round's slab of the result);
@@ -36,7 +36,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .peak import ROUND_PIECES, SMALL_SCRATCH, mttkrp_form, mttkrp_runs, peak_bytes
+from .peak import ROUND_PIECES, mttkrp_form, mttkrp_scratch, peak_bytes
 from .schedule import Move, Prepass
 
 
@@ -76,7 +76,7 @@ def footprint_terms(plan) -> tuple:
 def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None) -> tuple:
     """``(held, transients)`` of one fused group on ``grid`` (a :class:`deinsum.grids.GridChoice`), in
     ``rounds`` ``(index, T)`` or None: its result block held whole (the program keeps it to the end); while its
-    kernel runs (``contract_group``: one call computes every step), what it makes (:func:`mttkrp_terms`, else
+    kernel runs (``contract_group``: one call computes every step), what it makes (:func:`mttkrp_scratch`, else
     its intermediate steps' outputs and each step's operand copies), one round's part of those that hold the
     index, and in rounds the round's result: over a summed index a piece of its partial result
     (``Runtime.contract_round`` runs the group on ROUND_PIECES pieces along the result's first index), over a
@@ -98,8 +98,8 @@ def group_terms(grid, steps, output_subscripts: str, sizes, rounds: tuple | None
         bounds = tuple(sx.index(c) for c in (index, first) if c and c in sx[1:])
         first_block = lru_cache(maxsize=None)(lambda sub: int(block(sub).block_sizes(np.zeros(1, dtype=np.int64),
                                                                                      piece(sub))[0]))
-        return held, tuple(tuple((block(sub), per_word, 0, piece(sub)) for sub, per_word in terms) + result
-                           for terms in mttkrp_terms(sx, r, axes, output_subscripts, bounds, first_block))
+        terms, _ = mttkrp_scratch(sx, r, axes, output_subscripts, first_block, bounds)
+        return held, (tuple((block(sub), per_word, 0, piece(sub)) for sub, per_word in terms) + result,)
     inner = tuple((block(s.output), 1, 0, piece(s.output)) for s in steps[:-1])
     return held, tuple(inner + tuple((block(sub), 1, 0, piece(sub)) for sub in s.subscripts) + result for s in steps)
 
@@ -108,32 +108,6 @@ def moved_term(dst, cut: tuple | None, prefetch: bool = False) -> tuple:
     """The held term of a move's destination block ``dst``: one round's part of it where it runs in rounds
     ``cut`` ``(axis, T)``, two with ``prefetch`` (the next round's part is posted before this one is used)."""
     return dst, 2 if prefetch and cut else 1, 0, cut or ()
-
-
-def mttkrp_terms(sx: str, r: str, axes, out: str, bounds=(), words=None) -> list:
-    """What ``runtime.mttkrp.run`` makes beside its result, ``(subscripts, words per element)`` per run it may
-    take: with all rank columns at once, the run's Khatri-Rao product and its partial, T, the other modes'
-    Khatri-Rao product and its copy and einsum's result; where that is more (``words``: a block's words by
-    subscripts), rank columns in blocks within the kernel's budget (half of its inputs and output: X's size
-    where the factors and result are smaller than X, and X more than SMALL_SCRATCH), one block of the other
-    modes' product and einsum's result; and X's copy where every run's view copies X.
-
-    >>> mttkrp_terms("ijk", "a", [1, 2], "ia", bounds=(1,))[0]
-    (('ja', 2), ('ika', 1), ('ka', 2), ('ia', 1))
-    """
-    if r in sx:   # one Hadamard-sum pass against the Khatri-Rao product of every factored mode
-        return [(("".join(sx[q] for q in sorted(axes)) + r, 2), (out, 1))]
-    runs = mttkrp_runs(len(sx), axes, bounds)
-    copies = ((sx, 1),) if not set(bounds) <= set(runs[0]) else ()
-    terms = []
-    total = lambda group: sum(n * words(sub) for sub, n in group)  # noqa: E731
-    for s, e in runs:
-        rest = ("".join(sx[q] for q in axes if not s <= q < e) + r,) if len(axes) > e - s else ()
-        whole = ((sx[s:e] + r, 2), (sx[:s] + sx[e:] + r, 1)) + tuple((sub, 2) for sub in rest) + ((out, 1),)
-        blocked = ((sx, 1),) + tuple((sub, 1) for sub in rest) + ((out, 1),)
-        fewer = words and words(sx) >= SMALL_SCRATCH and total(blocked) < total(whole)
-        terms.append((blocked if fewer else whole) + copies)
-    return terms
 
 
 def reduction_staging(src, dst, parts: tuple | None = None) -> tuple:

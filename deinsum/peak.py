@@ -55,6 +55,33 @@ def mttkrp_runs(ndim: int, axes, bounds=()) -> list:
     return [(s, e) for s, e in runs if set(bounds) <= {s, e}] or runs
 
 
+def mttkrp_scratch(sx: str, r: str, axes, out: str, words, bounds=()) -> tuple:
+    """What ``runtime.mttkrp.run`` makes beside its result, ``words`` giving a block's words by subscripts:
+    ``made[s, e]``, on each run of :func:`mttkrp_runs`, its words on BLAS and per rank column of a fused pass;
+    ``terms``, ``(subscripts, words per element)`` of the least on BLAS: the footprint counts them, the kernel
+    keeps within them. On BLAS: the run's Khatri-Rao product and its partial, T, the other modes' product and
+    its copy, the result; or where less, X's size (rank columns in blocks); X's copy where views copy X.
+
+    >>> n = dict(i=400, j=400, k=134, a=24)                          # X's block cut over k: T is i x k x a
+    >>> mttkrp_scratch("ijk", "a", [1, 2], "ia", lambda sub: int(np.prod([n[c] for c in sub])))[0]
+    (('ja', 2), ('ika', 1), ('ka', 2), ('ia', 1))
+    """
+    if r in sx:   # one Hadamard-sum pass against the Khatri-Rao product of every factored mode
+        return (("".join(sx[q] for q in sorted(axes)) + r, 2), (out, 1)), {}
+    runs = mttkrp_runs(len(sx), axes, bounds)
+    copies = ((sx, 1),) if not set(bounds) <= set(runs[0]) else ()
+    total = lambda group: sum(n * words(sub) for sub, n in group)  # noqa: E731
+    on_blas, made = {}, {}
+    for s, e in runs:
+        rest = ("".join(sx[q] for q in axes if not s <= q < e) + r,) if len(axes) > e - s else ()
+        whole = ((sx[s:e] + r, 2), (sx[:s] + sx[e:] + r, 1)) + tuple((sub, 2) for sub in rest) + ((out, 1),)
+        blocked = ((sx, 1),) + tuple((sub, 1) for sub in rest) + ((out, 1),)
+        on_blas[s, e] = (blocked if words(sx) >= SMALL_SCRATCH and total(blocked) < total(whole) else whole) + copies
+        fused = ((sx[s:e], 2),) + tuple((sub[:-1], 2) for sub in rest) + ((out.replace(r, ""), 1),)
+        made[s, e] = total(on_blas[s, e]), total(fused)
+    return min(on_blas.values(), key=total), made
+
+
 def term_words(group: tuple, ranks: np.ndarray) -> np.ndarray:
     """Words of one tuple of :func:`deinsum.footprint.footprint_terms` terms at ``ranks``; vectorised.
 

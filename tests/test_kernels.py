@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from deinsum.peak import mttkrp_runs
 from deinsum.runtime import blas as B
 from deinsum.runtime import gemm as G
 from deinsum.runtime import kernels as K
@@ -103,7 +104,7 @@ def test_mttkrp_every_variant_equals_numpy(name, dtype, gemms):
         assert name == "hadamard"
         return
     axes = [q for q, c in enumerate(subs[x]) if c not in out]
-    variants = M._variants(len(subs[x]), axes)
+    variants = M._variants(mttkrp_runs(len(subs[x]), axes))
     assert len(variants) >= 2
     dims, rest, nr = ops[x].shape, [q for q, c in enumerate(subs[x]) if c not in out], sizes["a"]
     for (s, e, orient), mkl in itertools.product(variants, (False, True)):   # (MKL where installed)
@@ -393,14 +394,16 @@ def test_mkl_runs_float_gemms_when_installed():
 
 def test_the_l2_rule_counts_bytes_not_words():
     """MKL's batched KR^T X over middle modes runs fast while a slab of X fits in L2, in bytes: a float32
-    slab of 96 x 32 x 16 elements fits where its float64 twin does not (picked: 1.2 ms instead of 3.1)."""
-    if np.dtype(np.float32) not in L._GEMM:
-        pytest.skip("MKL not installed here (the mkl wheel of the `fast` extra), or DEINSUM_GEMM=numpy")
-    subs, shapes = ("ijkl", "ia", "ja", "ka"), [(12, 96, 96, 32), (12, 16), (96, 16), (96, 16)]
-    assert group_strategy(subs, "la", shapes, np.float32).startswith("MTTKRP to (l): GEMM over (j,k) KR^T X (MKL)")
-    assert K._strategy(subs, "la", tuple(shapes), True, 8)[1].startswith("MTTKRP to (l): GEMM over (i,j) KR^T X,")
+    slab of 96 x 96 x 32 elements fits where its float64 twin does not (on X 12 x 96 x 96 x 32, R = 16: 1.2 ms
+    instead of 3.1). The kernel no longer takes that run there: its Khatri-Rao product is more scratch than
+    the least run's (``mttkrp_scratch``)."""
+    dims, axes, variant = (12, 96, 96, 32), [0, 1, 2], (1, 3, "cols", 16, True)   # GEMM over (j,k) on MKL
+    small = (12, 24, 24, 32)                                                     # a slab in L2 either way
+    assert M._seconds(dims, axes, 16, variant, 4, False) < M._seconds(dims, axes, 16, variant, 8, False)
+    assert M._seconds(small, axes, 16, variant, 4, False) == M._seconds(small, axes, 16, variant, 8, False)
     # float64 on the streaming kernels: their fused pass (3.5 ms here; GEMM over (i,j) on BLAS: 9.8)
     if B._STREAM:
+        subs, shapes = ("ijkl", "ia", "ja", "ka"), [dims, (12, 16), (96, 16), (96, 16)]
         assert group_strategy(subs, "la", shapes, np.float64) == (
             "MTTKRP to (l): GEMM over (k) KR^T X and Hadamard-sum over (i,j) in one streamed pass")
 
@@ -689,10 +692,9 @@ def test_every_rank_routes_as_rank_0_does(tmp_path):
 ])
 def test_mttkrp_scratch_within_its_footprint_terms(eq, sizes, cut):
     """On a part of X cut along ``cut`` (as a group's round and piece cut it), the runtime runs a variant whose
-    view of X needs no copy where one exists, and every variant it may run makes at most what
-    ``mttkrp_terms`` counts (a copy of X where none exists)."""
-    from deinsum.footprint import mttkrp_terms
-    from deinsum.peak import SLACK, mttkrp_form, mttkrp_runs
+    view of X needs no copy where one exists, on a run of least scratch, and every variant it may run makes at
+    most what ``mttkrp_scratch`` counts (a copy of X where none exists)."""
+    from deinsum.peak import SLACK, mttkrp_form, mttkrp_scratch
     subs, out = split(eq)
     ops = operands(eq, {c: 2 * n if q in cut else n for q, (c, n) in enumerate(sizes.items())}, np.float64)
     ops[0] = ops[0][tuple(slice(None, sizes[c]) for c in subs[0])]      # a part: X's axes in cut do not merge
@@ -700,12 +702,15 @@ def test_mttkrp_scratch_within_its_footprint_terms(eq, sizes, cut):
     x, r, axes = mttkrp_form(subs, out)
     bounds = K._bounds(ops[x])
     assert bounds == tuple(sorted(q for q in cut if q)), bounds
-    words = lambda terms: sum(n * np.prod([sizes[c] for c in sub]) for sub, n in terms)  # noqa: E731
-    allowed = 8 * (max(map(words, mttkrp_terms(subs[x], r, axes, out, bounds))) + np.prod([sizes[c] for c in out]))
+    size = lambda sub: int(np.prod([sizes[c] for c in sub]))  # noqa: E731
+    terms, made = mttkrp_scratch(subs[x], r, axes, out, size, bounds)
+    counted = sum(n * size(sub) for sub, n in terms)
+    allowed = 8 * (counted + size(out))
     params = K._strategy(tuple(subs), out, tuple(o.shape for o in ops), False, 8, False, None,
                          tuple(map(K._bounds, ops)))[2]
-    assert params[2][:2] in mttkrp_runs(len(subs[x]), axes, bounds), params   # no copy of X where one can
-    for s, e, orient in M._variants(len(subs[x]), axes, bounds):
+    runs = [run for run, (on_blas, _) in made.items() if on_blas <= counted]      # the kernel's (no fused pass)
+    assert params[2][:2] in runs and set(made) <= set(mttkrp_runs(len(subs[x]), axes, bounds)), params
+    for s, e, orient in M._variants(runs):
         tracemalloc.start()
         try:
             got = M.run(subs, out, ops, np.dtype(np.float64), (x, r, (s, e, orient, sizes[r], False)))
@@ -718,20 +723,19 @@ def test_mttkrp_scratch_within_its_footprint_terms(eq, sizes, cut):
 
 @pytest.mark.parametrize("eq,sizes", [
     ("ijk,ja,ka->ia", dict(i=4000, j=6, k=5, a=96)),           # T (i x k x r) larger than X: rank columns in blocks
-    ("ijklm,ja,ka,la,ma->ia", dict(i=2000, j=3, k=4, l=3, m=4, a=64)),
+    ("ijklm,ja,ka,la,ma->ia", dict(i=5000, j=2, k=2, l=2, m=2, a=64)),
 ])
 def test_mttkrp_scratch_in_blocks_within_its_footprint_terms(eq, sizes):
     """Where T with every rank column would outgrow X, the kernel takes the columns in blocks, and makes at most
-    what ``mttkrp_terms`` counts with the blocks' sizes."""
-    from deinsum.footprint import mttkrp_terms
-    from deinsum.peak import SLACK, mttkrp_form
+    what ``mttkrp_scratch`` counts with the blocks' sizes."""
+    from deinsum.peak import SLACK, mttkrp_form, mttkrp_scratch
     subs, out = split(eq)
     ops = operands(eq, sizes, np.float64)
     x, r, axes = mttkrp_form(subs, out)
     size = lambda sub: int(np.prod([sizes[c] for c in sub]))  # noqa: E731
-    terms = mttkrp_terms(subs[x], r, axes, out, (), size)
-    assert any(("".join(subs[x]), 1) in t for t in terms)              # some run counted in blocks
-    allowed = 8 * (max(sum(n * size(sub) for sub, n in t) for t in terms) + size(out))
+    terms, _ = mttkrp_scratch(subs[x], r, axes, out, size)
+    assert (subs[x], 1) in terms                                       # the run counted in blocks
+    allowed = 8 * (sum(n * size(sub) for sub, n in terms) + size(out))
     contract_group(subs, out, *ops)                                    # strategy cached
     tracemalloc.start()
     try:

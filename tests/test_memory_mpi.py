@@ -28,13 +28,13 @@ def status(key):
 """
 
 JOB = PRELUDE + """
-for eq, sizes, factor, prefetch in CASES:
+for eq, sizes, factor, prefetch, rounds in CASES:
     shapes = [tuple(sizes[c] for c in s) for s in eq.split("->")[0].split(",")]
     deinsum.einsum(eq, *(np.ones([2] * len(s)) for s in shapes))   # libraries loaded (BLAS, MKL, MPI's paths)
     prog = deinsum.compile(eq, *shapes, inputs="local", result="distributed", prefetch=prefetch)
     prog.memory = int(factor * prog.plan(nprocs=comm.size).data_share * 8)
     plan = prog.plan(nprocs=comm.size)
-    assert plan.feasible and any(g.rounds for g in plan.groups), (eq, [g.rounds for g in plan.groups])
+    assert plan.feasible and any(g.rounds for g in plan.groups) == rounds, (eq, [g.rounds for g in plan.groups])
     assert any(m.prefetch for m in plan.moves) == prefetch, [m.label for m in plan.moves]
     blocks = prog.input_blocks(comm.rank, comm.size)
     rng = np.random.default_rng(comm.rank)
@@ -69,10 +69,11 @@ if comm.rank == 0:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
 @pytest.mark.parametrize("nprocs, cases", [
-    (4, [("ij,jk->ik", dict(i=1536, j=1536, k=1536), 1.5, False),
-         ("ij,jk->ik", dict(i=1536, j=1536, k=1536), 1.5, True)]),   # prefetch: two rounds' pieces held
-    (3, [("ijk,ja,ka->ia", dict(i=240, j=240, k=240, a=24), 1.3, False),
-         ("ijklm,jb,kc,ld,me->ibcde", dict(i=24, j=24, k=24, l=24, m=24, b=8, c=8, d=8, e=8), 1.3, False)]),
+    (4, [("ij,jk->ik", dict(i=1536, j=1536, k=1536), 1.5, False, True),
+         ("ij,jk->ik", dict(i=1536, j=1536, k=1536), 1.5, True, True)]),   # prefetch: two rounds' pieces held
+    (3, [("ijk,ja,ka->ia", dict(i=240, j=240, k=240, a=24), 1.3, False, False),   # fits without rounds
+         ("ijk,ja,ka->ia", dict(i=240, j=240, k=240, a=24), 1.1, False, True),
+         ("ijklm,jb,kc,ld,me->ibcde", dict(i=24, j=24, k=24, l=24, m=24, b=8, c=8, d=8, e=8), 1.3, False, True)]),
 ])
 def test_peak_resident_memory_stays_within_the_budget(nprocs, cases, tmp_path):
     out = check_mpi(nprocs, JOB.replace("CASES", repr(cases), 1), tmp_path=tmp_path, timeout=300)

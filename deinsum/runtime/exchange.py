@@ -3,16 +3,7 @@
 STANDALONE: imports only numpy, mpi4py and ``deinsum.tables`` (emitted scripts carry these files).
 The tables come from ``deinsum.tables.rank_tables`` (peers numbered in
 ``comm``: ``Runtime`` renumbers world ranks for a sub-communicator); every rank
-of ``comm`` must run its own table of the same move (collective).
-
-A step's table is ``(in_held, in_shape, out_held, out_shape, sends, recvs, ops)``:
-
-* ``sends``: ``(peer, starts, subsizes)`` subarrays of the input block;
-* ``recvs``: ``(peer, starts, subsizes, add)``; ``add=0`` lands in place in
-  the output block, ``add=1`` in a staging buffer;
-* ``ops``: ``(peer, add, from_starts, subsizes, to_starts)``, run in order
-  after the exchange: copy or add a piece of the input block (``peer`` = this
-  rank) or of ``peer``'s staged piece into the output block.
+of ``comm`` must run its own table of the same move (collective); ``rank_tables`` says what a table holds.
 
 A step whose table names a collective (``deinsum.tables.collectives``: an
 allreduce, all-gather or reduce-scatter of regular blocks) runs MPI's own as a

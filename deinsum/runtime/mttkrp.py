@@ -5,8 +5,9 @@ modes, factors in either orientation): GEMMs on views of X (no copy of X) agains
 of one contiguous run of modes, then a Hadamard-sum over the other factored modes (both in one pass of the
 streaming kernels where those modes lead X or follow the free ones); rank columns in blocks where the
 temporaries would exceed half of the inputs plus output (and 2**16 elements); where X already holds the
-rank index, one Hadamard-sum pass. The variant (run of modes, orientation, library) is the one with the
-lowest modeled cost (``cost.py``: the MTTKRP GEMMs' fit of the library each runs on).
+rank index, one Hadamard-sum pass. Of the variants (run of modes, orientation, library) that make at most
+the least scratch on BLAS (``peak.mttkrp_scratch``, as the footprint counts), the one of lowest modeled cost
+(``cost.py``: the MTTKRP GEMMs' fit of the library each runs on).
 
 >>> x, f = np.ones((4, 5, 6)), np.ones((5, 3))
 >>> kind, name, params = strategy(("ijk", "ja", "ka"), "ia", {"i": 4, "j": 5, "k": 6, "a": 3}, False, 8, False)
@@ -18,7 +19,7 @@ import math
 
 import numpy as np
 
-from ..peak import SMALL_SCRATCH, mttkrp_form, mttkrp_runs
+from ..peak import SMALL_SCRATCH, mttkrp_form, mttkrp_scratch
 from . import blas
 from .cost import ELEM, FUSED_RATE, L2_BYTES, MTTKRP_FIT, gemm_seconds
 from .libraries import array_module
@@ -41,14 +42,20 @@ def strategy(subs, out, sizes, mkl, itemsize, stream, bounds=None):
     dims, nr = [sizes[c] for c in sx], sizes[r]
     inputs = sum(math.prod(sizes[c] for c in s) for s in subs)
     budget = max(SMALL_SCRATCH, 0.5 * (inputs + math.prod(sizes[c] for c in out)))
+    _, made = mttkrp_scratch(sx, r, axes, out, lambda sub: math.prod(sizes[c] for c in sub),
+                             bounds[x] if bounds else ())
+    least = min(on_blas for on_blas, _ in made.values())        # what the footprint counts
     best = None
-    for (s, e, orient), on_mkl in itertools.product(_variants(len(sx), axes, bounds[x] if bounds else ()),
-                                                     (False, True)[:1 + mkl]):
+    for (s, e, orient), on_mkl in itertools.product(_variants(made), (False, True)[:1 + mkl]):
         a, k, b = math.prod(dims[:s]), math.prod(dims[s:e]), math.prod(dims[e:])
         rest = math.prod(dims[q] for q in axes if not s <= q < e)
         extra, width = (2 * k + a * b + rest) * nr, nr      # Khatri-Rao (and its last partial), T, rest's KRP
         narrow = -(-nr // -(-nr // blas._STREAM_NARROW))       # even blocks of rank columns a fused pass takes
-        if stream and _fusion(dims, s, e, orient, [q for q in axes if not s <= q < e], narrow):
+        fused = stream and _fusion(dims, s, e, orient, [q for q in axes if not s <= q < e], narrow)
+        on_blas, per_column = made[s, e]
+        if (narrow * per_column + math.prod(sizes[c] for c in out) if fused else on_blas) > least:
+            continue
+        if fused:
             extra, width = (2 * k + rest + a * b // rest) * nr, narrow   # no T: the scratch is one result
         block = width if extra <= budget else max(1, int(width * budget // extra))
         seconds = _seconds(dims, axes, nr, (s, e, orient, block, on_mkl), itemsize, stream)
@@ -120,10 +127,10 @@ def _variant_streams(dims, s, e, orient, block):
     return False                        # X's rows strided: X^T KR over leading or middle modes, KR^T X over trailing
 
 
-def _variants(ndim, axes, bounds=()):
-    """(s, e, orient): GEMM over the factored axes s..e-1 (a run of ``axes``: ``mttkrp_runs``), T as (..., R) or
-    (R, ...)."""
-    return [(s, e, o) for s, e in mttkrp_runs(ndim, axes, bounds) for o in ("rows", "cols")]
+def _variants(runs):
+    """(s, e, orient): GEMM over the factored axes s..e-1 (one of ``runs``, e.g. ``mttkrp_runs``), T as (..., R)
+    or (R, ...)."""
+    return [(s, e, o) for s, e in runs for o in ("rows", "cols")]
 
 
 def _khatri_rao(mats):
@@ -215,11 +222,11 @@ def _fusion(dims, s, e, orient, rest, block):
     and the free ones sit next to the GEMM's, or (rows sum) the free modes lead; else None.
 
     * rows, X^T KR over trailing modes: X as (G, F, K): out (F, r) = sum_g (X[g] @ KR) * H[g];
-    * rows sum, the same with X as (F, G, K): out[f] = sum_g (X[f] @ KR)[g] * H[g] (order 5, 24^5, R = 24,
-      mode 0: 7.3 ms CPU time; the GEMM, then the Hadamard-sum: 8.4);
+    * rows sum, the same with X as (F, G, K): out[f] = sum_g (X[f] @ KR)[g] * H[g];
     * cols, KR^T X over middle modes: X as (G, K, F): out (r, F) = sum_g H[g] * (KR^T @ X[g]), F of any
-      width where a column tile of X[g] (K x 24) stays in L1 while the rank rows re-read it (order 3,
-      256^3, R = 24, mode 2: 17.3 ms; on MKL, then the Hadamard-sum: 19.9).
+      width where a column tile of X[g] (K x 24) stays in L1 while the rank rows re-read it.
+
+    Timings: ``bench-results/mttkrp-variants-kernels.md``.
 
     >>> _fusion((256, 256, 256), 2, 3, "rows", [1], 24) == ("rows sum" if blas._STREAM else None)
     True
