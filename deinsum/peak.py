@@ -60,7 +60,8 @@ def mttkrp_scratch(sx: str, r: str, axes, out: str, words, bounds=()) -> tuple:
     ``made[s, e]``, on each run of :func:`mttkrp_runs`, its words on BLAS and per rank column of a fused pass;
     ``terms``, ``(subscripts, words per element)`` of the least on BLAS: the footprint counts them, the kernel
     keeps within them. On BLAS: the run's Khatri-Rao product and its partial, T, the other modes' product and
-    its copy, the result; or where less, X's size (rank columns in blocks); X's copy where views copy X.
+    its copy, the result; or where less, X's size (rank columns in blocks); X's copy where views copy X. In a
+    fused pass: both products and their last partials, its result.
 
     >>> n = dict(i=400, j=400, k=134, a=24)                          # X's block cut over k: T is i x k x a
     >>> mttkrp_scratch("ijk", "a", [1, 2], "ia", lambda sub: int(np.prod([n[c] for c in sub])))[0]
@@ -77,7 +78,8 @@ def mttkrp_scratch(sx: str, r: str, axes, out: str, words, bounds=()) -> tuple:
         whole = ((sx[s:e] + r, 2), (sx[:s] + sx[e:] + r, 1)) + tuple((sub, 2) for sub in rest) + ((out, 1),)
         blocked = ((sx, 1),) + tuple((sub, 1) for sub in rest) + ((out, 1),)
         on_blas[s, e] = (blocked if words(sx) >= SMALL_SCRATCH and total(blocked) < total(whole) else whole) + copies
-        fused = ((sx[s:e], 2),) + tuple((sub[:-1], 2) for sub in rest) + ((out.replace(r, ""), 1),)
+        fused = ((sx[s:e], 1), (sx[s:e - 1], 1)) + tuple((sub[:k], 1) for sub in rest for k in (-1, -2)) + (
+            (out.replace(r, ""), 1),)
         made[s, e] = total(on_blas[s, e]), total(fused)
     return min(on_blas.values(), key=total), made
 

@@ -11,7 +11,8 @@ on each GEMM library here: numpy's BLAS, and Intel MKL where the `fast` extra in
 streaming kernels stay off (they take over the variants they can read, whatever the library, and the
 constants model the libraries). With ``--kernels`` they stay on: variants run as float64 blocks run them
 (on the streaming kernels, fused with the Hadamard-sum, where they can), next to the pick of the model
-with them (``_FUSED_RATE`` was fitted on that table).
+with them as ``contract_group`` makes it (on MKL only where this machine's GEMM routes send narrow GEMMs;
+``_FUSED_RATE`` was fitted on that table).
 
     python scripts/bench_mttkrp_variants.py [--repeat 5] [--out bench-results/mttkrp-variants.md]
     python scripts/bench_mttkrp_variants.py --kernels [--out bench-results/mttkrp-variants-kernels.md]
@@ -72,8 +73,8 @@ def measure(dims, nr, repeat, rng):
         ops = [x] + [f for q, f in enumerate(factors) if q != mode]
         out = sx[mode] + "a"
         axes = [q for q in range(len(dims)) if q != mode]
-        picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops), bool(L._GEMM), 8,
-                             B._STREAM is not None)[2][2]   # + block, mkl
+        mkl = B.mkl_routed("narrow", x.dtype) if B._STREAM else bool(L._GEMM)     # (as contract_group, or any)
+        picked = K._strategy(tuple(subs), out, tuple(o.shape for o in ops), mkl, 8, B._STREAM is not None)[2][2]
         pick = picked[:3] + picked[4:]
         times = {}
         for (s, e, orient), mkl in itertools.product(M._variants(mttkrp_runs(len(dims), axes)), LIBRARIES):
@@ -103,9 +104,10 @@ def main(argv=None) -> int:
                     help="default bench-results/mttkrp-variants.md (-kernels.md with --kernels)")
     ap.add_argument("--json", type=Path, help="also write every timing here (what the constants are fitted on)")
     args = ap.parse_args(argv)
-    if not args.kernels:
-        B._STREAM = None     # the BLAS libraries only
-        K._strategy.cache_clear()
+    state = B.gemm_routes()     # resolved before the first pick: whether the streaming kernels run is a route
+    if not args.kernels:        # the BLAS libraries only
+        B.use_gemm_routes({**state, "routes": {**state["routes"], "streamed": "numpy"}})
+    K._strategy.cache_clear()
     args.out = args.out or ROOT / "bench-results" / f"mttkrp-variants{'-kernels' * args.kernels}.md"
     rng = np.random.default_rng(0)
     lines = ["# MTTKRP variants: every GEMM variant timed, and the cost model's pick", "",

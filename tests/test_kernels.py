@@ -722,6 +722,38 @@ def test_mttkrp_scratch_within_its_footprint_terms(eq, sizes, cut):
 
 
 @pytest.mark.parametrize("eq,sizes", [
+    ("ijklm,ia,ja,ka,ma->la", dict(i=24, j=24, k=24, l=24, m=24, a=24)),      # rows: the modes before lead X
+    ("ijklm,ja,ka,la,ma->ia", dict(i=24, j=24, k=24, l=24, m=24, a=48)),      # rows sum, columns in blocks
+    ("ijk,ia,ja->ka", dict(i=256, j=64, k=96, a=24)),                         # cols
+])
+def test_a_fused_mttkrp_pass_within_the_least_scratch(eq, sizes):
+    """Where the kernel takes a fused pass (streaming kernels built), it makes at most ``w`` times its words per
+    rank column and the result (``mttkrp_scratch``), and at most the least on BLAS, which the footprint counts."""
+    from deinsum.peak import SLACK, mttkrp_form, mttkrp_scratch
+    if not B._STREAM:
+        pytest.skip("the streaming kernels are not built here, or not routed")
+    subs, out = split(eq)
+    ops = operands(eq, sizes, np.float64)
+    x, r, axes = mttkrp_form(subs, out)
+    size = lambda sub: int(np.prod([sizes[c] for c in sub]))  # noqa: E731
+    terms, made = mttkrp_scratch(subs[x], r, axes, out, size)
+    kind, name, params = K._strategy(tuple(subs), out, tuple(o.shape for o in ops), False, 8, True)
+    assert "in one streamed pass" in name, name
+    s, e, _, block, _ = params[2]
+    made_here = block * made[s, e][1] + size(out)
+    assert made_here <= sum(n * size(sub) for sub, n in terms)
+    M.run(subs, out, ops, np.dtype(np.float64), params)                  # warm
+    tracemalloc.start()
+    try:
+        got = M.run(subs, out, ops, np.dtype(np.float64), params)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    check(eq, ops, got)
+    assert peak <= 8 * made_here + SLACK, (peak, 8 * made_here)
+
+
+@pytest.mark.parametrize("eq,sizes", [
     ("ijk,ja,ka->ia", dict(i=4000, j=6, k=5, a=96)),           # T (i x k x r) larger than X: rank columns in blocks
     ("ijklm,ja,ka,la,ma->ia", dict(i=5000, j=2, k=2, l=2, m=2, a=64)),
 ])

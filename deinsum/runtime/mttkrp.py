@@ -174,6 +174,7 @@ def run(subs, out, blocks, dtype, params):
         if fused:
             h = _khatri_rao([factors[q][:, cols] for q in rest])
             res[..., cols] = _run_fused(fused, xb, s, e, rest, kr, h).reshape(res[..., cols].shape)
+            del kr, h  # before the next block's
             continue
         if orient == "rows":
             t = blas.matmul(xb.reshape(a, k) if e == n else xb.reshape(a, k, b).transpose(0, 2, 1), kr, library)
