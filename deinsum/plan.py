@@ -115,7 +115,8 @@ class PlanBound:
     candidates of the sum of group bounds (connected groups by their joint bound where more), at least what the
     copies of a replicated result cost;
     ``per_group``: the bound of each group of the chosen plan; ``candidates``:
-    ``(partition, bound, modeled words or None)`` of every fusion candidate of the plan's path (joint
+    ``(partition, bound, modeled words or None: not planned, or left once it could not beat the chosen)`` of
+    every fusion candidate of the plan's path (joint
     bounds counted where they could decide the least); ``atomic``: the whole einsum as
     one statement (:attr:`ATOMIC`); ``chosen_words``: the chosen fusion's, with all its
     joint bounds. All hold under :attr:`assumptions`, for any memory per rank: within ``rho``, the plan's own
@@ -722,8 +723,11 @@ class _Planner:
         return _State(received, pending, tuple((layouts | self.first).items()), (), tuple(("move", m) for m in moves),
                       held, max(0, int(held.max(initial=0)) - self.budget))
 
-    def search(self, partition: tuple[tuple[int, ...], ...]) -> _State:
-        """The best plan of one partition: a beam over each group's most promising grids."""
+    def search(self, partition: tuple[tuple[int, ...], ...], beat: tuple[int, int] | None = None) -> _State | None:
+        """The best plan of one partition: a beam over each group's most promising grids; None once every partial
+        plan in the beam is worse than ``beat`` (``(over, busiest rank's words)`` of a plan found before): over the
+        memory by more, or by as much and its busiest rank already receiving more (neither shrinks as groups are
+        added, so none of them could end better)."""
         steps = self.d.steps
         groups = sorted(partition, key=max)      # a group runs once its last step can: topological order
         states = [self.start(self.ranks)]
@@ -739,6 +743,8 @@ class _Planner:
                               for choice in self.grids(group_steps, state, last, lean=True) if choice not in best]
                 extended += grown
             states = sorted(extended, key=_State.key)[:BEAM_WIDTH]
+            if beat is not None and min((s.over, int(s.received.max(initial=0))) for s in states) > beat:
+                return None
         return states[0]
 
     def grids(self, group_steps, state: _State, last: bool, lean: bool = False) -> list[GridChoice]:
@@ -1077,16 +1083,18 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     planner = _Planner(d, nprocs, starts, first, finish, memory // dtype.itemsize - SLACK // dtype.itemsize,
                        tuple(raw.values()), prefetch)
     for _ in range(REPLANS + 1):
-        scored = []
-        for candidate in analysis.candidates[:MAX_PARTITIONS]:
-            state = planner.search(candidate.partition)
-            scored.append((state.key(), candidate.partition, state))
+        scored, beat, searched = [], None, analysis.candidates[:MAX_PARTITIONS]
+        for candidate in searched:     # (a candidate that cannot beat the best so far is left unfinished)
+            state = planner.search(candidate.partition, beat)
+            if state is not None:
+                scored.append((state.key(), candidate.partition, state))
+                beat = min(beat or state.key()[:2], state.key()[:2])
         scored.sort(key=lambda t: (t[0], t[1]))
         best = planner.assemble(scored[0][2])
         entry = {**{n: s for n, s in starts.items() if s is not None}, **dict(best.entry), **raw}
         groups = tuple(item for kind, item in best.items if kind == "compute")
         groups = tuple(replace(g, grid=replace(g.grid, volume=_group_volume(best.items, g.index),
-                                               reason=f"{g.grid.reason}; best of {len(scored)} fusion "
+                                               reason=f"{g.grid.reason}; best of {len(searched)} fusion "
                                                       f"candidate(s) x beam {BEAM_WIDTH}")) for g in groups)
         by_index = {g.index: g for g in groups}
         schedule = tuple(prepass) + tuple(Compute(by_index[item.index]) if kind == "compute" else item

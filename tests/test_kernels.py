@@ -722,8 +722,8 @@ def test_mttkrp_scratch_within_its_footprint_terms(eq, sizes, cut):
 
 
 @pytest.mark.parametrize("eq,sizes", [
-    ("ijklm,ia,ja,ka,ma->la", dict(i=24, j=24, k=24, l=24, m=24, a=24)),      # rows: the modes before lead X
-    ("ijklm,ja,ka,la,ma->ia", dict(i=24, j=24, k=24, l=24, m=24, a=48)),      # rows sum, columns in blocks
+    ("ijklm,ia,ja,ka,ma->la", dict(i=16, j=16, k=16, l=16, m=16, a=24)),      # rows: the modes before lead X
+    ("ijklm,ja,ka,la,ma->ia", dict(i=16, j=16, k=16, l=16, m=16, a=48)),      # rows sum, columns in blocks
     ("ijk,ia,ja->ka", dict(i=256, j=64, k=96, a=24)),                         # cols
 ])
 def test_a_fused_mttkrp_pass_within_the_least_scratch(eq, sizes):
