@@ -390,7 +390,17 @@ class Layout:
         if ranks.size > KEPT_RANKS and ranks.size >= self.nranks:
             coords = [np.arange(p).reshape([p if g == d else 1 for g in range(len(self.grid))])
                       for d, p in enumerate(self.grid)]
-            return coords, held, lambda a: a if np.ndim(a) == 0 else np.broadcast_to(a, self.grid).reshape(-1)[at]
+            every = ranks[0] == 0 and (np.diff(ranks) == 1).all()     # 0, 1, ...: each rank's value in place
+
+            def per_rank(a):
+                if np.ndim(a) == 0:
+                    return a
+                grid = np.broadcast_to(a, self.grid).reshape(-1)
+                if not every:
+                    return grid[at]
+                return grid if grid.size == ranks.size else np.concatenate((grid, np.full(ranks.size - grid.size,
+                                                                                        grid[0])))
+            return coords, held, per_rank
         return (np.unravel_index(at, self.grid) if self.grid else ()), held, lambda a: a
 
     def _boxes(self, at: tuple) -> tuple[np.ndarray, np.ndarray]:

@@ -53,8 +53,10 @@ def scatter_split(layout: Layout, gathered: bool = False) -> tuple[int, ...]:
 
 def _direct_words(src: Holdings, dst: Holdings) -> np.ndarray:
     """Words each rank receives when every destination block is assembled directly from ``src``."""
-    overlap = np.prod(np.clip(np.minimum(src.hi, dst.hi) - np.maximum(src.lo, dst.lo), 0, None), axis=1)
-    return dst.sizes() * src.n_summands - overlap * (src.held & dst.held)
+    overlap = np.minimum(src.hi, dst.hi)                   # (in place: at 2^20 ranks these are large)
+    overlap -= np.maximum(src.lo, dst.lo)
+    np.clip(overlap, 0, None, out=overlap)
+    return dst.sizes() * src.n_summands - overlap.prod(axis=1) * (src.held & dst.held)
 
 
 def _direct(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray, start: Holdings, end: Holdings) -> np.ndarray:
