@@ -86,7 +86,7 @@ def runtime_part(device: str = "cpu", blocks: bool = False) -> str:
     I/O module as ``BLOCK_IO``)."""
     payload, files = runtime_payload(device, blocks), runtime_files(device, blocks)
     package = package_name(payload)
-    width = 2_000   # a few long lines: 7 bytes of quotes and indent per line
+    width = 12_000   # a few long lines: 7 bytes of quotes and indent per line
     chunks = "\n".join(f'    "{payload[k:k + width]}"' for k in range(0, len(payload), width))
     lines = [RUNTIME_MARK, f"# deinsum {__version__}'s package files, byte for byte (bzip2, base 93) in RUNTIME:",
              *(f"#   {', '.join(files[k:k + 6])}" for k in range(0, len(files), 6)),
@@ -169,8 +169,7 @@ def generate(plan, device: str = "cpu") -> str:
         else "OPEN_DEVICE = None  # emitted for the CPU (emit with device='gpu' for --device gpu)",
         "# local inputs or a distributed result: each rank reads and writes its blocks with BLOCK_IO (runtime)"
         if blocks else "BLOCK_IO = None  # whole inputs and result: no block I/O carried",
-        "# the layouts: (shape, grid, axes, partial); axes[x] = the grid dimension(s) splitting axis x, partial =",
-        "# the grid dimensions over which blocks hold partial sums",
+        "# layouts (shape, grid, axes, partial): axes[x] the grid dimension(s) splitting axis x, partial those summed over",
         "\n".join(f"{name} = {_literal(layout)}" for layout, name in names.items()),
         f"ENTRY = [{', '.join(names[layout] for layout in plan.entry)}]  # where the inputs start, {plan.inputs}",
         f"EXIT = {names[plan.exit]}  # where the result ends, {plan.result}",
@@ -179,9 +178,9 @@ def generate(plan, device: str = "cpu") -> str:
         "# each bringing one round's or part's share of the block along axis (None: no split, one step)",
         "MOVES = [" + "".join(f"\n    ({m.phase!r}, {m.label!r}, {names[m.src]}, {names[m.dst]}, "
                               f"{m.redistribution.split!r}, {m.rounds or m.parts!r})," for m in plan.moves) + "\n]",
-        "# peak bytes per rank (an upper bound), checked against --memory before any work: per group (held, transients),",
-        "# the most over groups of the terms held so far plus the group's largest transient, each term (layout, words",
-        "# per element of its block, words where it holds one, (axis, rounds) where one round's part of the block counts)",
+        "# peak bytes per rank (an upper bound) checked against --memory first: per group (held, transients), the most of",
+        "# all held so far plus its largest transient; a term: (layout, words per element of its block, words where it",
+        "# holds one, (axis, T) where one round's part counts)",
         "FOOTPRINT = (" + "".join(phase(held, transients) for held, transients in footprint_terms(plan)) + "\n)",
     ]
     for g in plan.groups:
