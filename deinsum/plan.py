@@ -1023,8 +1023,8 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     layout of any input (``"in0"`` or ``0``, ...) or of a distributed result
     (``"out"``): a :class:`Layout` or ``"even"``/``"replicated"``/``"root"``; a
     local input starts in it, a global or root one is moved into it first. Every fusion
-    candidate of the SOAP analysis (up to MAX_PARTITIONS) is planned and the one
-    whose busiest rank receives least wins. With ``prefetch``, a group that must run in rounds posts each
+    candidate of the SOAP analysis (up to MAX_PARTITIONS) is planned (or left once it cannot beat a plan found:
+    :meth:`_Planner.search`) and the one whose busiest rank receives least wins. With ``prefetch``, a group that must run in rounds posts each
     round's moves before the previous round computes, where two rounds' moved parts fit the memory (more rounds
     if need be; ``scripts/bench_rounds.py`` measures what it gains). A unary pre-pass (diagonals, sums over an
     index of one operand, squeezes) runs on every rank's block where the operand starts (:func:`_prepass`); its
