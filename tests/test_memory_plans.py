@@ -125,9 +125,10 @@ def test_rounds_are_reported_in_text_and_json():
 @pytest.mark.parametrize("nprocs", [2, 16])
 def test_prefetch_holds_two_rounds_of_pieces_and_still_fits(nprocs):
     """With prefetch, each move of a group in rounds is posted a round ahead: the footprint is that of the same
-    schedule without it plus one round's part of each such block on every rank, and the planner takes more rounds
-    so that the plan still fits, moving the same words. Where two rounds' parts fit at no number of rounds (the
-    least memory any plan fits), it does not prefetch."""
+    schedule without it plus two rounds' parts of each such block on every rank (the next round's, and room for
+    MPI's buffers of the exchange in flight), and the planner takes more rounds so that the plan still fits,
+    moving the same words. Where those parts fit at no number of rounds (the least memory any plan fits), it does
+    not prefetch."""
     plain, fetched = mm_plan(2048, nprocs, 1.25), mm_plan(2048, nprocs, 1.25, prefetch=True)
     assert fetched.feasible and all(m.prefetch == bool(m.rounds) for m in fetched.moves)
     assert any(m.prefetch for m in fetched.moves) and ", prefetched" in str(fetched)
@@ -136,7 +137,7 @@ def test_prefetch_holds_two_rounds_of_pieces_and_still_fits(nprocs):
     off = replace(fetched, schedule=tuple(replace(m, prefetch=False) if isinstance(m, Move) else m
                                           for m in fetched.schedule))
     ranks = np.arange(nprocs)
-    extra = sum(m.dst.block_sizes(ranks, m.rounds) for m in fetched.moves if m.prefetch) * 8
+    extra = sum(m.dst.block_sizes(ranks, m.rounds) for m in fetched.moves if m.prefetch) * 2 * 8
     assert (footprint(fetched) - footprint(off) == extra).all() and extra.min() > 0
     share = 3 * 2048 * 2048 // nprocs * 8
     low, high = share, int(1.25 * share)      # the least memory a plan fits (within 4 kB)
