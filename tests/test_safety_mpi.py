@@ -489,7 +489,8 @@ else:
     if mine and what == "mode":
         kwargs["result"] = "root"
     attempt("random", lambda: deinsum.einsum(eq, *ops, **kwargs), want=want)
-print(f"case {seed} {bad} {what}", flush=True)
+if rank == 0:
+    print(f"case {seed} {bad} {what} @@", flush=True)   # (terminated: ranks' lines may interleave)
 '''
 
 
@@ -498,7 +499,7 @@ def _random_launches(tmp_path, seeds):
     for seed in seeds:
         nprocs = 2 + seed % 3
         res = run_mpi(nprocs, job(RANDOM_JOB), str(seed), tmp_path=tmp_path, timeout=90)   # a hang fails here
-        case = re.search(r"case \d+ (\d+) (\w+)", res.stdout).groups()
+        case = re.search(r"case \d+ (\d+) (\w+) @@", res.stdout).groups()
         assert "Traceback" not in res.stderr, (case, res.stderr)
         result = outcome(res.stdout, "random", nprocs)   # never WRONG; the same error on every rank
         if case[1] == "none":
