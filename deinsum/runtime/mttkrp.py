@@ -51,13 +51,16 @@ def strategy(subs, out, sizes, mkl, itemsize, stream, bounds=None):
         rest = math.prod(dims[q] for q in axes if not s <= q < e)
         extra, width = (2 * k + a * b + rest) * nr, nr      # Khatri-Rao (and its last partial), T, rest's KRP
         narrow = -(-nr // -(-nr // blas._STREAM_NARROW))       # even blocks of rank columns a fused pass takes
-        fused = stream and _fusion(dims, s, e, orient, [q for q in axes if not s <= q < e], narrow)
+        summed = [q for q in axes if not s <= q < e]
+        fused = stream and _fusion(dims, s, e, orient, summed, narrow)
         on_blas, per_column = made[s, e]
         if (narrow * per_column + math.prod(sizes[c] for c in out) if fused else on_blas) > least:
             continue
         if fused:
             extra, width = (2 * k + rest + a * b // rest) * nr, narrow   # no T: the scratch is one result
         block = width if extra <= budget else max(1, int(width * budget // extra))
+        if fused and on_blas > least and not _fusion(dims, s, e, orient, summed, block):
+            continue    # narrower, it runs on BLAS
         seconds = _seconds(dims, axes, nr, (s, e, orient, block, on_mkl), itemsize, stream)
         if best is None or seconds < best[0]:
             best = (seconds, s, e, orient, block, on_mkl)
