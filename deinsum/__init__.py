@@ -65,7 +65,8 @@ def compile(equation: str, *shapes, nprocs: int | None = None, dtype=None, memor
     a call with CuPy arrays gets a CuPy result (inputs resident on the GPU), with
     numpy arrays a numpy result (copies to and from the GPU timed in ``last_run``). ``prefetch=True`` lets a group
     that must run in rounds post the next round's exchange before computing the current one, where the memory
-    holds two rounds' pieces and room for a third in MPI's buffers (off by default: on 2 cores it did not help, see ``bench-results/rounds.json``).
+    holds two rounds' pieces and room for a third in MPI's buffers (off by default: on 2 cores it did not help,
+    see ``bench-results/rounds.json``).
     """
     from .program import Program
     return Program(equation, tuple(shapes) if shapes else None, nprocs, dtype, memory, inputs, result, threads,

@@ -829,9 +829,10 @@ class _Planner:
         """``(rounds, prefetch, added, peak)`` of a group on ``choice`` after ``held`` words: ``rounds`` ``(index, T)``
         or None, the fewest over one index, summed or free (summed on a tie), that keep the peak within the memory
         (else those of the least peak), prefetching where the planner does and three rounds' moved parts fit
-        (two, and MPI's buffers; rounds over a summed index); the words it adds to what ranks hold, and its peak, counted with footprint.py's own
-        terms: moved and computed blocks held (one round's part where they hold the index), a step's operand copies
-        (and a piece of the round's partial result, or its slab of the result) or a reduction's staging on top;
+        (two, and MPI's buffers; rounds over a summed index); the words it adds to what ranks hold, and its peak,
+        counted with footprint.py's own terms: moved and computed blocks held (one round's part where they hold the
+        index), a step's operand copies (and a piece of the round's partial result, or its slab of the result) or a
+        reduction's staging on top;
         ``final``: where the result ends, if it moves. Rounds over either kind move the same words. Cached at the
         sample ranks per memory (fusion candidates and partial plans put the same group on the same grid after the
         same words held; a replan has less memory)."""
@@ -1024,11 +1025,11 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
     (``"out"``): a :class:`Layout` or ``"even"``/``"replicated"``/``"root"``; a
     local input starts in it, a global or root one is moved into it first. Every fusion
     candidate of the SOAP analysis (up to MAX_PARTITIONS) is planned (or left once it cannot beat a plan found:
-    :meth:`_Planner.search`) and the one whose busiest rank receives least wins. With ``prefetch``, a group that must run in rounds posts each
-    round's moves before the previous round computes, where two rounds' moved parts (and room for a third in MPI's buffers) fit the memory (more rounds
-    if need be; ``scripts/bench_rounds.py`` measures what it gains). A unary pre-pass (diagonals, sums over an
-    index of one operand, squeezes) runs on every rank's block where the operand starts (:func:`_prepass`); its
-    partial sums go into the plan like a group's.
+    :meth:`_Planner.search`) and the one whose busiest rank receives least wins. With ``prefetch``, a group that
+    must run in rounds posts each round's moves before the previous round computes, where two rounds' moved parts
+    (and room for a third in MPI's buffers) fit the memory (more rounds if need be; ``scripts/bench_rounds.py``
+    measures what it gains). A unary pre-pass (diagonals, sums over an index of one operand, squeezes) runs on every
+    rank's block where the operand starts (:func:`_prepass`); its partial sums go into the plan like a group's.
     """
     d = decomposition
     if d.sizes is None:

@@ -26,6 +26,14 @@ def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
+
+# prog(*args) and its peak: VmHWM reset first, above the resident set then, with the caller's blocks
+def measured_call(prog, args):
+    before = status("VmRSS:")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    got = prog(*args)
+    return got, status("VmHWM:") - before + sum(a.nbytes for a in args if a is not None)
 """
 
 JOB = PRELUDE + """
@@ -49,11 +57,7 @@ for eq, sizes, factor, prefetch, rounds in CASES:
     assert prog.last_run.matches_model, prog.last_run
     del got                                   # a second call against the footprint, which leaves those out
     ctypes.CDLL(None).malloc_trim(0)          # (the freed heap returned: what the call makes shows in VmHWM)
-    again = status("VmRSS:")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    got = prog(*local)
-    peak = status("VmHWM:") - again + sum(x.nbytes for x in local if x is not None)   # with the caller's blocks
+    got, peak = measured_call(prog, local)
     model = int(footprint(plan)[comm.rank])
     assert peak <= model, (eq, peak, model)
     whole = [comm.allgather((b, x)) for b, x in zip(blocks, local)]
@@ -108,11 +112,7 @@ for n, (eq, sizes, inputs, result, eighths) in enumerate(CASES):
     else:
         args = arrays if inputs == "global" or comm.rank == 0 else [None] * len(arrays)
     prog(*args)                    # warm: the runtime's tables and datatypes (one per round) are made on a first call
-    before = status("VmRSS:")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    got = prog(*args)
-    peak = status("VmHWM:") - before + sum(a.nbytes for a in args if a is not None)   # with the caller's blocks
+    got, peak = measured_call(prog, args)
     model = int(footprint(plan)[comm.rank])
     assert peak <= model, (eq, rounds, peak, model)
     assert prog.last_run.matches_model, (eq, prog.last_run)
