@@ -7,7 +7,6 @@ balanced blocks by the first, each block again by the next, and so on.
 
 * :func:`block_bounds`, :func:`block_range` - balanced uneven blocks (``q, r = divmod(n, p)``).
 * :func:`nested_bounds` - every boundary of a nested split.
-* :func:`balanced_split` - the factorisation of a part count over a block's axes.
 * :class:`Layout` - a tensor block-distributed over a grid, possibly replicated or
   holding partial sums.
 
@@ -26,8 +25,7 @@ import numpy as np
 
 from .errors import DeinsumError
 
-__all__ = ["block_bounds", "block_range", "nested_bounds", "balanced_split", "factorisations", "Layout",
-           "check_count"]
+__all__ = ["block_bounds", "block_range", "nested_bounds", "Layout", "check_count"]
 
 
 def check_count(value: Any, what: str, minimum: int) -> int:
@@ -93,111 +91,6 @@ def nested_bounds(n: int, parts: tuple[int, ...]) -> tuple[int, ...]:
     coords = np.unravel_index(np.arange(count), parts) if parts else ()
     starts, _ = nested_range(n, parts, coords)
     return (*np.broadcast_to(starts, (count,)).tolist(), n)
-
-
-def balanced_split(shape: Sequence[int], parts: int, cubic: bool = True) -> tuple[int, ...]:
-    """The factorisation of ``parts`` over the axes of ``shape`` with the smallest largest block.
-
-    Ties go to the larger smallest block, then to the most cube-like block
-    (least sum of extents; not with ``cubic`` False), then to splitting leading
-    axes more (blocks contiguous in C order where they can be).
-
-    >>> balanced_split((5, 10), 4), balanced_split((3, 4), 7), balanced_split((8, 8), 4, cubic=False)
-    ((2, 2), (1, 7), (4, 1))
-    """
-    return _balanced_split(tuple(int(n) for n in shape), int(parts), bool(cubic))
-
-
-@lru_cache(maxsize=4096)
-def _balanced_split(shape: tuple[int, ...], parts: int, cubic: bool) -> tuple[int, ...]:
-    rows = factorisations(parts, len(shape))
-    if rows.shape[0] == 0:
-        raise DeinsumError(f"cannot split a 0-d tensor into {parts} parts")
-    n = np.array(shape, dtype=np.int64)
-    extents = -(-n // rows)
-    largest = np.prod(extents, axis=1)
-    smallest = np.prod(n // rows, axis=1)
-    order = np.lexsort(tuple(-rows[:, x] for x in reversed(range(len(shape))))
-                       + (extents.sum(axis=1),) * cubic + (-smallest, largest))
-    return tuple(int(p) for p in rows[order[0]])
-
-
-# ----------------------------------------------------------------------------- ordered factorisations
-
-def ordered_factorisations(n: int, caps: Sequence[int]) -> np.ndarray:
-    """Every ``(f_0, ..., f_{k-1})`` with product ``n`` and ``f_v <= caps[v]``, as rows of an int64 array.
-
-    Built per prime factor (bounded compositions of its exponent), so primes
-    and prime powers are as cheap as smooth numbers.
-
-    >>> sorted(map(tuple, ordered_factorisations(12, (4, 3)).tolist()))
-    [(4, 3)]
-    >>> ordered_factorisations(7, (3, 3)).shape, ordered_factorisations(3, ()).shape
-    ((0, 2), (0, 0))
-    """
-    caps = np.array(caps, dtype=np.int64)
-    if caps.size == 0:  # a grid over no index has one rank
-        return np.ones((int(n == 1), 0), dtype=np.int64)
-    rows = np.ones((1, caps.size), dtype=np.int64)
-    for prime, exponent in sorted(prime_factors(n).items(), reverse=True):
-        most = [max_power(prime, int(c)) for c in caps]
-        factors = prime ** _bounded_compositions(exponent, most)
-        rows = (rows[:, None, :] * factors[None, :, :]).reshape(-1, caps.size)
-        rows = rows[(rows <= caps).all(axis=1)]
-    return rows
-
-
-@lru_cache(maxsize=256)
-def factorisations(n: int, k: int) -> np.ndarray:
-    """:func:`ordered_factorisations` of ``n`` over ``k`` factors without caps (cached, read-only)."""
-    rows = ordered_factorisations(n, (n,) * k)
-    rows.flags.writeable = False
-    return rows
-
-
-def prime_factors(n: int) -> dict[int, int]:
-    """``{prime: exponent}`` of ``n``.
-
-    >>> prime_factors(360)
-    {2: 3, 3: 2, 5: 1}
-    """
-    factors: dict[int, int] = {}
-    d = 2
-    while d * d <= n:
-        while n % d == 0:
-            factors[d] = factors.get(d, 0) + 1
-            n //= d
-        d += 1
-    if n > 1:
-        factors[n] = factors.get(n, 0) + 1
-    return factors
-
-
-def max_power(prime: int, cap: int) -> int:
-    """The largest ``e`` with ``prime ** e <= cap``."""
-    power = 0
-    while prime ** (power + 1) <= cap:
-        power += 1
-    return power
-
-
-def _bounded_compositions(total: int, most: Sequence[int]) -> np.ndarray:
-    """Rows ``c`` with ``sum(c) == total`` and ``0 <= c[v] <= most[v]``."""
-    k = len(most)
-    if k == 0:
-        return np.zeros((1 if total == 0 else 0, 0), dtype=np.int64)
-    room_after = np.concatenate([np.cumsum(most[::-1])[::-1], [0]])
-    rows = np.zeros((1, 0), dtype=np.int64)
-    sums = np.zeros(1, dtype=np.int64)
-    for v in range(k - 1):
-        values = np.arange(most[v] + 1, dtype=np.int64)
-        new = sums[:, None] + values[None, :]
-        keep_row, keep_value = np.nonzero((new <= total) & (new + room_after[v + 1] >= total))
-        rows = np.column_stack([rows[keep_row], values[keep_value]])
-        sums = new[keep_row, keep_value]
-    last = total - sums
-    fits = (last >= 0) & (last <= most[-1])
-    return np.column_stack([rows[fits], last[fits]])
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -493,25 +386,6 @@ class Layout:
         """The whole tensor on every one of ``nprocs`` ranks."""
         check_count(nprocs, "nprocs", minimum=1)
         return cls(tuple(shape), (nprocs,), (None,) * len(shape))
-
-    @classmethod
-    def even(cls, shape: Sequence[int], nprocs: int) -> Layout:
-        """Evenly block-distributed over all ``nprocs`` ranks, no replication, whatever grid later computes.
-
-        The grid is :func:`balanced_split` of ``nprocs`` over the tensor axes. An
-        axis may get more parts than it has elements (a prime P larger than every
-        axis): those ranks hold empty blocks. A 0-d tensor lives on rank 0.
-
-        >>> Layout.even((6, 4), 4).grid
-        (2, 2)
-        >>> Layout.even((3, 4), 7).grid, Layout.even((3, 4), 7).local_shape(6)
-        ((1, 7), (3, 0))
-        """
-        shape = tuple(shape)
-        check_count(nprocs, "nprocs", minimum=1)
-        if not shape:
-            return cls.on_root(shape, nprocs)
-        return cls(shape, balanced_split(shape, nprocs), tuple(range(len(shape))))
 
 
 #: :meth:`Layout.holdings_of` keeps its arrays at up to this many ranks (by layout and ranks): the planner's

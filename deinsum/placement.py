@@ -10,9 +10,29 @@ import re
 import numpy as np
 
 from .errors import DeinsumError
-from .layout import Layout
+from .grids import balanced_split
+from .layout import Layout, check_count
 
-__all__ = ["pin_layout", "spread"]
+__all__ = ["even_layout", "pin_layout", "spread"]
+
+
+def even_layout(shape: tuple[int, ...], nprocs: int) -> Layout:
+    """Evenly block-distributed over all ``nprocs`` ranks, no replication (the pinned mode ``"even"``).
+
+    The grid is :func:`deinsum.grids.balanced_split` of ``nprocs`` over the tensor axes. An axis may get more
+    parts than it has elements (a prime P larger than every axis): those ranks hold empty blocks. A 0-d tensor
+    lives on rank 0.
+
+    >>> even_layout((6, 4), 4).grid
+    (2, 2)
+    >>> even_layout((3, 4), 7).grid, even_layout((3, 4), 7).local_shape(6)
+    ((1, 7), (3, 0))
+    """
+    shape = tuple(shape)
+    check_count(nprocs, "nprocs", minimum=1)
+    if not shape:
+        return Layout.on_root(shape, nprocs)
+    return Layout(shape, balanced_split(shape, nprocs), tuple(range(len(shape))))
 
 
 def pin_layout(spec, shape: tuple[int, ...], nprocs: int, what: str) -> Layout:
@@ -25,7 +45,7 @@ def pin_layout(spec, shape: tuple[int, ...], nprocs: int, what: str) -> Layout:
     >>> pin_layout("2x3: 1.0, -", (12, 5), 6, "in0").axes
     ((1, 0), None)
     """
-    named = {"even": Layout.even, "replicated": Layout.replicated, "root": Layout.on_root}
+    named = {"even": even_layout, "replicated": Layout.replicated, "root": Layout.on_root}
     if isinstance(spec, str) and spec.strip() in named:
         return named[spec.strip()](shape, nprocs)
     if isinstance(spec, str):

@@ -24,9 +24,9 @@ from .memory import as_bytes, default_memory
 from .decompose import Decomposition, Step
 from .errors import DeinsumError
 from .options import as_ranks, check_choice
-from .grids import GridChoice, candidate_grids, estimate_words, block_imbalance
-from .layout import Layout, balanced_split, block_range
-from .placement import pin_layout, spread
+from .grids import GridChoice, balanced_split, block_imbalance, candidate_grids, estimate_words
+from .layout import Layout, block_range
+from .placement import even_layout, pin_layout, spread
 from .redistribute import received_words, reduce_split, sample_ranks
 from .footprint import footprint, group_terms, moved_term, reduction_staging
 from .peak import ROUND_PIECES, SLACK, term_words
@@ -498,7 +498,7 @@ def _holds_blocks(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray | Non
     """Whether every rank (of ``ranks``, default all) already holds exactly its ``dst`` block in ``src``
     (complete sums): no move needed.
 
-    >>> _holds_blocks(Layout.on_root((3, 4), 1), Layout.even((3, 4), 1), 1)
+    >>> _holds_blocks(Layout.on_root((3, 4), 1), even_layout((3, 4), 1), 1)
     True
     """
     if src == dst:
@@ -535,14 +535,14 @@ def _exit_phase(made: Layout, finish: Layout | None, nprocs: int) -> str:
 
 
 def _even_diagonal(shape: tuple[int, ...], sub: str, nprocs: int) -> Layout:
-    """:meth:`Layout.even` for an operand ``sub`` that may repeat an index: the repeated index split along its
+    """:func:`deinsum.placement.even_layout` for an operand ``sub`` that may repeat an index: the repeated index split along its
     first axis only, so that each rank's block holds the diagonal of its range (no move to align it).
 
     >>> _even_diagonal((6, 6, 2), "iij", 4).axis_parts(1)
     (1,)
     """
     if not shape:
-        return Layout.even(shape, nprocs)
+        return even_layout(shape, nprocs)
     whole = tuple(n if sub.index(c) == k else 1 for k, (n, c) in enumerate(zip(shape, sub)))
     return Layout(shape, balanced_split(whole, nprocs), tuple(range(len(shape))))
 
@@ -554,7 +554,7 @@ def _prepass(name: str, steps, layout: Layout, pinned: Layout | None, nprocs: in
 
     >>> from deinsum.decompose import decompose
     >>> d = decompose("ii->", (6, 6))
-    >>> items, made = _prepass("in0", d.prepass, Layout.even((6, 6), 4), None, 4)
+    >>> items, made = _prepass("in0", d.prepass, even_layout((6, 6), 4), None, 4)
     >>> [type(item).__name__ for item in items], made.partial
     (['Move', 'Prepass', 'Prepass'], (0, 1))
     """

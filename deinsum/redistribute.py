@@ -14,7 +14,7 @@ that module, not this one), and move exactly what the model says.
   (:func:`deinsum.tables.collectives`); the model counts what its algorithm moves
   (:func:`deinsum.tables.reduction_words`).
 
->>> plan = plan_redistribution(Layout.even((8, 4), 4), Layout.replicated((8, 4), 4), 4)
+>>> plan = plan_redistribution(Layout((8, 4), (4, 1), (0, 1)), Layout.replicated((8, 4), 4), 4)
 >>> plan.words_received
 (24, 24, 24, 24)
 >>> print(plan)
@@ -28,7 +28,8 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
-from .layout import Layout, balanced_split
+from .grids import balanced_split
+from .layout import Layout
 from .tables import (COLLECTIVES, Holdings, check_pair, check_rank, check_rounds, collectives, everywhere, holdings,
                      native_reduction, phases, rank_tables, reduction_words, scattered)
 
@@ -244,7 +245,7 @@ def plan_redistribution(src: Layout, dst: Layout, nprocs: int, rounds: tuple[int
     """Plan moving a tensor from ``src`` to ``dst`` (summing ``src``'s partial sums) on ``nprocs`` ranks, in
     ``rounds`` ``(axis, T)`` if given (see :func:`rank_tables`); the rounds move exactly what one phase would.
 
-    >>> plan = plan_redistribution(Layout.on_root((5,), 2), Layout.even((5,), 2), 2)
+    >>> plan = plan_redistribution(Layout.on_root((5,), 2), Layout((5,), (2,), (0,)), 2)
     >>> plan.words_sent, plan.words_received
     ((2, 0), (0, 2))
     """

@@ -10,7 +10,7 @@ A step whose blocks are regular runs MPI's collective of its name (``Allreduce``
 other one a subarray ``Alltoallw``, a ``slice`` none: ``Exchange.mpi`` says which.
 
 >>> from deinsum.layout import Layout
->>> classify(Layout.on_root((6, 4), 4), Layout.even((6, 4), 4), 4)
+>>> classify(Layout.on_root((6, 4), 4), Layout((6, 4), (2, 2), (0, 1)), 4)
 'scatter'
 >>> partial = Layout((8,), grid=(1, 4), axes=(0,), partial=(1,))
 >>> move = Move("t0", "reduce", partial, Layout.replicated((8,), 4), 4, group=0)
@@ -123,7 +123,7 @@ def classify(src: Layout, dst: Layout, nprocs: int) -> str:
     """The collective a one-step move from ``src`` to ``dst`` amounts to (one of :data:`KINDS`).
 
     >>> from deinsum.layout import Layout
-    >>> even, root, every = Layout.even((6, 4), 4), Layout.on_root((6, 4), 4), Layout.replicated((6, 4), 4)
+    >>> even, root, every = Layout((6, 4), (2, 2), (0, 1)), Layout.on_root((6, 4), 4), Layout.replicated((6, 4), 4)
     >>> classify(even, root, 4), classify(even, every, 4), classify(root, every, 4)
     ('gather', 'allgather', 'broadcast')
     >>> classify(Layout((6, 4), (4,), (0, None)), Layout((6, 4), (4,), (None, 0)), 4)

@@ -182,7 +182,7 @@ def collectives(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | 
     >>> collectives(scalar, Layout.replicated((), 4), 4), collectives(scalar, Layout.on_root((), 4), 4)
     (('allreduce',), ('reduce',))
     >>> rows = Layout((7, 4), (4,), (0, None))                         # blocks of 2, 2, 2 and 1 rows
-    >>> collectives(Layout.even((8, 4), 4), Layout.replicated((8, 4), 4), 4), collectives(
+    >>> collectives(Layout((8, 4), (4,), (0, None)), Layout.replicated((8, 4), 4), 4), collectives(
     ...     rows, Layout.replicated((7, 4), 4), 4)
     (('allgather',), (None,))
     """
@@ -253,7 +253,7 @@ def rank_tables(src: Layout, dst: Layout, nprocs: int, rank: int, split: tuple[i
     (:func:`collectives`) has a table that names it instead (see ``_native_phase``); with
     ``mpi_collectives`` False none does (what they replace: ``scripts/bench_collectives.py`` times both).
 
-    >>> rank_tables(Layout.on_root((5,), 2), Layout.even((5,), 2), 2, 1)   # rank 1 receives 2 words from rank 0
+    >>> rank_tables(Layout.on_root((5,), 2), Layout((5,), (2,), (0,)), 2, 1)   # rank 1 receives 2 words from rank 0
     ((0, (), 1, (2,), (), ((0, (0,), (2,), 0),), ()),)
     """
     check_pair(src, dst, nprocs)
@@ -329,7 +329,7 @@ def _rank_phase(src: Holdings, dst: Holdings, rank: int) -> tuple:
 def table_words(tables: tuple) -> tuple[int, int]:
     """(words sent, words received) of one rank's tables (:func:`rank_tables`).
 
-    >>> table_words(rank_tables(Layout.on_root((5,), 2), Layout.even((5,), 2), 2, 0))
+    >>> table_words(rank_tables(Layout.on_root((5,), 2), Layout((5,), (2,), (0,)), 2, 0))
     (2, 0)
     """
     return (sum(t[6][0] if native(t) else sum(math.prod(size) for _, _, size in t[4]) for t in tables),

@@ -27,7 +27,7 @@ import numpy as np
 
 from deinsum.decompose import decompose
 from deinsum.grids import GridChoice
-from deinsum.layout import Layout
+from deinsum.placement import even_layout
 from deinsum.plan import build_plan
 from deinsum.redistribute import received_words
 
@@ -51,14 +51,14 @@ class Group:
 
 def grid_volume(indices: str, sizes: dict, inputs, output: str, nprocs: int, dims) -> int:
     """Words the busiest rank receives for one group on grid ``dims`` when every input starts and the
-    output ends evenly distributed (``Layout.even``, the artifact's comparison start), by the planner's model."""
+    output ends evenly distributed (``even_layout``, the artifact's comparison start), by the planner's model."""
     choice = GridChoice(indices, tuple(dims), output, nprocs)
     words = np.zeros(nprocs, dtype=np.int64)
     for sub in inputs:
         layout = choice.layout(sub, sizes, partial=False)
-        words += received_words(Layout.even(layout.shape, nprocs), layout, nprocs)
+        words += received_words(even_layout(layout.shape, nprocs), layout, nprocs)
     out = choice.layout(output, sizes)
-    return int((words + received_words(out, Layout.even(out.shape, nprocs), nprocs)).max())
+    return int((words + received_words(out, even_layout(out.shape, nprocs), nprocs)).max())
 
 
 def planned_grid(group: "Group", sizes: dict, nprocs: int) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 from mpi4py import MPI
 from deinsum import DistributedArray, Layout
-from deinsum.layout import balanced_split
+from deinsum.grids import balanced_split
 
 comm = MPI.COMM_WORLD
 P = comm.size
@@ -67,6 +67,7 @@ import numpy as np
 from mpi4py import MPI
 import deinsum
 from deinsum import DistributedArray, Layout
+from deinsum.placement import even_layout
 
 comm = MPI.COMM_WORLD
 x = np.arange(24.0).reshape(4, 6)
@@ -84,7 +85,7 @@ attempt("grid", lambda: DistributedArray.from_global(x, "5x1: 0, -", comm))
 attempt("axis", lambda: DistributedArray.from_global(x, "2: 0, 3", comm))
 attempt("text", lambda: DistributedArray.from_global(x, "two by two", comm))
 attempt("naxes", lambda: DistributedArray.from_global(x, "1: 0", comm))
-block = np.zeros((3, 6)) if comm.rank == 1 else x[Layout.even(x.shape, comm.size).block(comm.rank)]
+block = np.zeros((3, 6)) if comm.rank == 1 else x[even_layout(x.shape, comm.size).block(comm.rank)]
 attempt("block", lambda: DistributedArray.from_blocks(block, x.shape, "even", comm))
 attempt("redistribute", lambda: DistributedArray.from_global(x, "even", comm).redistribute("9: -, 0"))
 mixed = DistributedArray.from_global(x, "even", comm)
@@ -137,6 +138,7 @@ import numpy as np
 from mpi4py import MPI
 import deinsum
 from deinsum import DistributedArray
+from deinsum.placement import even_layout
 
 comm = MPI.COMM_WORLD
 rng = np.random.default_rng(1)
@@ -151,7 +153,7 @@ assert "in0" not in {mv.tensor for mv in prog.last_plan.moves}
 assert np.allclose(m.gather(), want)
 even = DistributedArray.from_global(X, "even", comm)
 m2 = prog(even, DistributedArray.from_global(B, "root", comm), C, result="even")
-assert m2.layout == deinsum.Layout.even(want.shape, comm.size) and prog.last_run.matches_model
+assert m2.layout == even_layout(want.shape, comm.size) and prog.last_run.matches_model
 assert np.allclose(m2.gather(), want)
 assert np.allclose(deinsum.einsum("ijk,ja,ka->ia", even, B, C, result="all"), want)
 W = rng.standard_normal((3, 4))

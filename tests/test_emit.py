@@ -353,7 +353,7 @@ def test_the_runtime_is_carried_byte_for_byte_and_tracebacks_name_its_files():
     tables = importlib.import_module(package_name(payload) + ".tables")
     layout = importlib.import_module(package_name(payload) + ".layout")
     with pytest.raises(ValueError) as info:
-        tables.rank_tables(layout.Layout.even((4,), 2), layout.Layout.even((5,), 2), 2, 0)
+        tables.rank_tables(layout.Layout((4,), (2,), (0,)), layout.Layout((5,), (2,), (0,)), 2, 0)
     frame = traceback.extract_tb(info.tb)[-1]
     assert frame.filename.endswith("/deinsum/tables.py")
     assert frame.line == (PACKAGE / "tables.py").read_text().splitlines()[frame.lineno - 1].strip()

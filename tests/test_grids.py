@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from deinsum.errors import DeinsumError
-from deinsum.grids import GridChoice, candidate_grids, estimate_words
-from deinsum.layout import Layout, block_bounds, ordered_factorisations
-from deinsum.placement import spread
+from deinsum.grids import GridChoice, candidate_grids, estimate_words, ordered_factorisations
+from deinsum.layout import Layout, block_bounds
+from deinsum.placement import even_layout, spread
 
 MM = ("ijk", ("ij", "jk"), "ik")
 MTTKRP3 = ("ijka", ("ijk", "ja", "ka"), "ia")
@@ -36,7 +36,7 @@ def test_block_bounds_are_balanced(n, p):
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 9), min_size=0, max_size=4), st.integers(1, 40))
 def test_even_layout_partitions_the_tensor_over_all_ranks(shape, nprocs):
-    layout = Layout.even(tuple(shape), nprocs)
+    layout = even_layout(tuple(shape), nprocs)
     assert layout.replicated_dims == () or math.prod(layout.grid) == 1
     count = np.zeros(shape, dtype=int)
     for rank in range(nprocs):
@@ -50,10 +50,10 @@ def test_even_layout_partitions_the_tensor_over_all_ranks(shape, nprocs):
 
 
 def test_even_layout_choices():
-    assert Layout.even((10, 10, 10), 8).grid == (2, 2, 2)
-    assert Layout.even((3, 4), 7).grid == (1, 7)           # prime larger than every axis: empty blocks
-    assert Layout.even((3, 4), 7).local_shape(6) == (3, 0)
-    assert Layout.even((), 5) == Layout.on_root((), 5)
+    assert even_layout((10, 10, 10), 8).grid == (2, 2, 2)
+    assert even_layout((3, 4), 7).grid == (1, 7)           # prime larger than every axis: empty blocks
+    assert even_layout((3, 4), 7).local_shape(6) == (3, 0)
+    assert even_layout((), 5) == Layout.on_root((), 5)
 
 
 def test_layout_blocks_replicas_and_idle_ranks():
@@ -75,7 +75,7 @@ def test_layout_blocks_replicas_and_idle_ranks():
     (lambda: Layout((3,), (0,), (None,)), "layout grid must be"),
     (lambda: Layout((3,), (2,), (0,), (0,)), "partial"),
     (lambda: Layout((-1,), (2,), (0,)), "layout shape must be"),
-    (lambda: Layout.even((3,), 0), "nprocs must be"),
+    (lambda: even_layout((3,), 0), "nprocs must be"),
     (lambda: Layout((4,), (2,), (0,)).block(-1), "rank must be"),
     (lambda: block_bounds(3, 0), "p must be"),
 ])

@@ -11,6 +11,7 @@ from deinsum.emit import generate
 from deinsum.footprint import footprint
 from deinsum.peak import SLACK
 from deinsum.layout import Layout
+from deinsum.placement import even_layout
 from deinsum.plan import build_plan
 from deinsum.redistribute import plan_redistribution
 from deinsum.schedule import Move
@@ -29,7 +30,7 @@ def mm_plan(n, nprocs, share_factor=None, prefetch=False):
 def test_rounds_move_exactly_what_the_whole_move_does(rounds):
     """Round t brings sub-range t of every destination block along the axis: the rounds partition the block,
     so every rank sends and receives what one phase would, and each round's block is that part."""
-    src, dst = Layout.even((13, 11), 6), Layout((13, 11), (2, 1, 3), (0, 2))
+    src, dst = even_layout((13, 11), 6), Layout((13, 11), (2, 1, 3), (0, 2))
     whole = plan_redistribution(src, dst, 6)
     split = plan_redistribution(src, dst, 6, rounds=(1, rounds))
     assert split.words_received == whole.words_received and split.words_sent == whole.words_sent

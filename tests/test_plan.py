@@ -12,6 +12,7 @@ import pytest
 from deinsum.decompose import decompose
 from deinsum.errors import DeinsumError
 from deinsum.layout import Layout
+from deinsum.placement import even_layout
 from deinsum.plan import RESULT_COPIES, build_plan, mode_layout
 from random_cases import random_einsums
 from suite import SUITE, shapes_for
@@ -211,9 +212,9 @@ def test_bound_never_exceeds_a_scored_plan_on_many_random_einsums(eq, shapes, np
 def test_pinned_layouts_are_kept_and_their_conversion_reported():
     sizes = dict(i=40, j=30, k=20, a=6)
     eq = "ijk,ja,ka->ia"
-    even = Layout.even((40, 30, 20), 8)
-    aligned = fair_plan(eq, sizes, 8, layouts={"in0": "even", "out": Layout.even((40, 6), 8)})
-    assert aligned.entry[0] == even and aligned.exit == Layout.even((40, 6), 8)
+    even = even_layout((40, 30, 20), 8)
+    aligned = fair_plan(eq, sizes, 8, layouts={"in0": "even", "out": even_layout((40, 6), 8)})
+    assert aligned.entry[0] == even and aligned.exit == even_layout((40, 6), 8)
     assert aligned.pinned == ("in0", "out") and "in0" not in {m.tensor for m in aligned.moves}  # grid fits X
     plan = fair_plan(eq, sizes, 8, layouts={"in0": "root"})
     assert "in0: scatter (convert pinned layout)" in str(plan) or "in0: distribute (convert pinned layout)" in str(plan)
@@ -221,7 +222,7 @@ def test_pinned_layouts_are_kept_and_their_conversion_reported():
     with pytest.raises(DeinsumError, match="'in7' is not a tensor"):
         fair_plan(eq, sizes, 8, layouts={"in7": "even"})
     with pytest.raises(DeinsumError, match="is for shape"):
-        fair_plan(eq, sizes, 8, layouts={0: Layout.even((4, 4), 8)})
+        fair_plan(eq, sizes, 8, layouts={0: even_layout((4, 4), 8)})
 
 
 @pytest.mark.parametrize("inputs", ["global", "root"])
@@ -230,7 +231,7 @@ def test_pinned_global_or_root_inputs_start_whole_then_move_into_their_layout(in
     """Whole inputs start where ``inputs`` says, pinned or not; the first move of a pinned one takes it into its
     pinned layout (none where it already holds it), and the plan reads it from there."""
     shapes = [(40, 30, 20), (30, 6), (20, 6)]
-    pins = {0: Layout.even(shapes[0], nprocs), 1: Layout.replicated(shapes[1], nprocs),
+    pins = {0: even_layout(shapes[0], nprocs), 1: Layout.replicated(shapes[1], nprocs),
             2: Layout.on_root(shapes[2], nprocs)}
     plan = build_plan(decompose("ijk,ja,ka->ia", *shapes), nprocs, inputs=inputs, result="all", layouts=pins)
     whole = [mode_layout(inputs, shape, nprocs) for shape in shapes]

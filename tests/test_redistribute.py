@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from deinsum.errors import DeinsumError
 from deinsum.layout import Layout
+from deinsum.placement import even_layout
 from deinsum.redistribute import plan_redistribution, received_words
 from deinsum.tables import native, table_words
 
@@ -77,7 +78,7 @@ def source_blocks(layout, nprocs, x):
 def layouts(shape, nprocs):
     """A deterministic zoo of layouts of ``shape`` on at most ``nprocs`` ranks."""
     nd = len(shape)
-    zoo = [Layout.even(shape, nprocs), Layout.on_root(shape, nprocs), Layout.replicated(shape, nprocs)]
+    zoo = [even_layout(shape, nprocs), Layout.on_root(shape, nprocs), Layout.replicated(shape, nprocs)]
     for rows in range(1, nprocs + 1):
         cols = nprocs // rows
         zoo.append(Layout(shape, (rows, cols), tuple([None] * (nd - 1) + [1]) if nd else ()))
@@ -141,11 +142,11 @@ def test_layout_zoo_round_trips(shape, nprocs):
 
 def test_local_data_costs_nothing():
     shape = (6, 5)
-    assert plan_redistribution(Layout.even(shape, 4), Layout.even(shape, 4), 4).max_words_received == 0
-    assert plan_redistribution(Layout.replicated(shape, 4), Layout.even(shape, 4), 4).max_words_received == 0
-    scatter = plan_redistribution(Layout.on_root(shape, 4), Layout.even(shape, 4), 4)
-    assert scatter.words_sent[0] == 30 - math.prod(Layout.even(shape, 4).local_shape(0))
-    assert scatter.words_received[1:] == tuple(math.prod(Layout.even(shape, 4).local_shape(r)) for r in (1, 2, 3))
+    assert plan_redistribution(even_layout(shape, 4), even_layout(shape, 4), 4).max_words_received == 0
+    assert plan_redistribution(Layout.replicated(shape, 4), even_layout(shape, 4), 4).max_words_received == 0
+    scatter = plan_redistribution(Layout.on_root(shape, 4), even_layout(shape, 4), 4)
+    assert scatter.words_sent[0] == 30 - math.prod(even_layout(shape, 4).local_shape(0))
+    assert scatter.words_received[1:] == tuple(math.prod(even_layout(shape, 4).local_shape(r)) for r in (1, 2, 3))
 
 
 @pytest.mark.parametrize("fan_in", [2, 3, 4, 8])
@@ -189,7 +190,7 @@ def test_replicas_share_the_sending():
 
 
 def test_tables_are_plain_ints():
-    plan = plan_redistribution(Layout((5, 3), (2, 2), (0, None), (1,)), Layout.even((5, 3), 4), 4)
+    plan = plan_redistribution(Layout((5, 3), (2, 2), (0, None), (1,)), even_layout((5, 3), 4), 4)
 
     def plain(value):
         return isinstance(value, tuple) and all(plain(v) for v in value) or type(value) is int
@@ -199,15 +200,15 @@ def test_tables_are_plain_ints():
 
 
 def test_readable_summary():
-    text = str(plan_redistribution(Layout.even((6, 4), 4), Layout.on_root((6, 4), 4), 4))
+    text = str(plan_redistribution(even_layout((6, 4), 4), Layout.on_root((6, 4), 4), 4))
     assert "6x4" in text and "max 18 words/rank" in text
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: plan_redistribution(Layout.even((3,), 2), Layout.even((4,), 2), 2), "between shapes"),
-    (lambda: plan_redistribution(Layout.even((4,), 2), Layout((4,), (2,), (None,), (0,)), 2), "is partial"),
-    (lambda: plan_redistribution(Layout.even((4,), 4), Layout.even((4,), 2), 2), "do not fit 2 ranks"),
-    (lambda: plan_redistribution(Layout.even((4,), 2), Layout.even((4,), 2), 2).table(2), "rank 2 outside"),
+    (lambda: plan_redistribution(even_layout((3,), 2), even_layout((4,), 2), 2), "between shapes"),
+    (lambda: plan_redistribution(even_layout((4,), 2), Layout((4,), (2,), (None,), (0,)), 2), "is partial"),
+    (lambda: plan_redistribution(even_layout((4,), 4), even_layout((4,), 2), 2), "do not fit 2 ranks"),
+    (lambda: plan_redistribution(even_layout((4,), 2), even_layout((4,), 2), 2).table(2), "rank 2 outside"),
 ])
 def test_bad_input_is_a_one_line_deinsum_error(call, message):
     with pytest.raises(DeinsumError, match=message) as info:

@@ -14,6 +14,7 @@ from mpi4py import MPI
 from deinsum.decompose import decompose
 from deinsum.grids import GridChoice
 from deinsum.layout import Layout
+from deinsum.placement import even_layout
 from deinsum.plan import build_plan
 from deinsum.redistribute import plan_redistribution
 from deinsum.runtime.exchange import ByteLog, exchange
@@ -50,7 +51,7 @@ def three_grids(shape):
     nd = len(shape)
     cols = max(d for d in range(1, math.isqrt(P) + 1) if P % d == 0)
     pairs = (P // 2, 2) if P > 1 else (1, 1)
-    return [Layout.even(shape, P),
+    return [even_layout(shape, P),
             Layout(shape, (P // cols, cols), tuple([None] * (nd - 1) + [1]) if nd else ()),
             Layout(shape, pairs, ((1, 0) + (None,) * (nd - 2)) if nd >= 2 else ((1,) if nd else ()))]
 
@@ -104,7 +105,7 @@ for shape in [(7, 3), (5,), (2, 1, 4)]:
         expect = x * (grid[1] * (grid[1] + 1) // 2)
         for dtype in (np.int64, np.float64, np.complex64):
             local = None if partial.block(rank) is None else (x[partial.block(rank)] * (k + 1)).astype(dtype)
-            for dst in (Layout.even(shape, P), Layout(shape, grid, partial.axes), Layout.on_root(shape, P),
+            for dst in (even_layout(shape, P), Layout(shape, grid, partial.axes), Layout.on_root(shape, P),
                         Layout.replicated(shape, P)):
                 block = run(plan_redistribution(partial, dst, P), local, dtype, "reduce")
                 assert dst.block(rank) is None or np.array_equal(block, expect[dst.block(rank)].astype(dtype))
@@ -121,14 +122,14 @@ for indices, inputs, output, sizes in KERNELS:
         operands = [rng.integers(-9, 9, size=[sizes[c] for c in t]).astype(dtype) for t in inputs]
         blocks = []
         for t, array in zip(inputs, operands):
-            even = Layout.even(array.shape, P)
+            even = even_layout(array.shape, P)
             block = run(plan_redistribution(Layout.on_root(array.shape, P), even, P), array if rank == 0 else None,
                         dtype, "scatter " + t)
             block = run(plan_redistribution(even, choice.layout(t, sizes), P), block, dtype, "in " + t)
             blocks.append(block)
         part = np.einsum(spec, *blocks) if rank < choice.used else None
         out_layout = choice.layout(output, sizes)
-        target = Layout.even(out_layout.shape, P)
+        target = even_layout(out_layout.shape, P)
         block = run(plan_redistribution(out_layout, target, P), part, dtype, "out " + output)
         result = run(plan_redistribution(target, Layout.on_root(target.shape, P), P), block, dtype, "gather " + output)
         if rank == 0:

@@ -6,10 +6,11 @@ import pytest
 
 import deinsum
 from deinsum.layout import Layout
+from deinsum.placement import even_layout
 from deinsum.schedule import KINDS, WORLD, Compute, Move, classify
 
 SHAPE, P = (6, 4), 4
-EVEN, ROOT, EVERY = Layout.even(SHAPE, P), Layout.on_root(SHAPE, P), Layout.replicated(SHAPE, P)
+EVEN, ROOT, EVERY = even_layout(SHAPE, P), Layout.on_root(SHAPE, P), Layout.replicated(SHAPE, P)
 ROWS, COLS = Layout(SHAPE, (4,), (0, None)), Layout(SHAPE, (4,), (None, 0))
 PARTIAL = Layout(SHAPE, (1, 4), (0, None), (1,))
 HALF = Layout(SHAPE, (2, 2), (0, None))          # rows split in 2, each block on 2 ranks

@@ -16,7 +16,7 @@ previous file or none. Failures are one line, raised on every rank alike (``erro
 >>> head = npy_header(MPI.COMM_SELF, path, "x", KeyError)
 >>> head.shape, head.dtype.name, read_block(MPI.COMM_SELF, path, head, (slice(1, 2), slice(0, 2)))
 ((2, 3), 'float64', array([[3., 4.]]))
->>> save_blocks(MPI.COMM_SELF, path, np.ones((2, 3)), Layout.even((2, 3), 1), "f4")
+>>> save_blocks(MPI.COMM_SELF, path, np.ones((2, 3)), Layout((2, 3), (1,), (0, None)), "f4")
 >>> np.load(path).dtype.name
 'float32'
 """
