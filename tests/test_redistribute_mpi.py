@@ -17,7 +17,8 @@ from deinsum.layout import Layout
 from deinsum.placement import even_layout
 from deinsum.plan import build_plan
 from deinsum.redistribute import plan_redistribution
-from deinsum.runtime.exchange import ByteLog, exchange
+from deinsum.runtime.exchange import ByteLog, Transfer, element_type, exchange
+from deinsum.tables import rank_tables
 
 comm = MPI.COMM_WORLD
 P, rank = comm.size, comm.rank
@@ -95,6 +96,21 @@ for axis in (0, 1) if P > 1 else ():
     assert move.collectives == ((None,) if axis else ("allgather",)), move
     x = sample(shape, np.float64, seed=axis)
     assert same(run(move, x[move.src.block(rank)], np.float64, "allgather"), x)
+
+# 1c. a transpose: every peer's piece has one shape, so the Transfer commits one datatype each way, however many
+# peers (placed by displacement; at P = 65,536 one move of TTMc-O5 had 104,446 peers' types)
+if P > 1:
+    shape = (4 * P, 4 * P)
+    rows, columns = Layout(shape, (P,), (0, None)), Layout(shape, (P,), (None, 0))
+    element = element_type(np.float64)
+    transfer = Transfer(comm, rank_tables(rows, columns, P, rank)[0], np.float64, element)
+    try:
+        x = sample(shape, np.float64, seed=7)
+        assert transfer.created == 2 or transfer.big_sends, transfer.created   # (unless a forced limit splits them)
+        assert same(transfer(x[rows.block(rank)]), x[columns.block(rank)])
+    finally:
+        transfer.free()
+        element.Free()
 
 # 2. partial sums: summand k holds (k+1) * block; reduce into an even layout and onto the root
 for shape in [(7, 3), (5,), (2, 1, 4)]:

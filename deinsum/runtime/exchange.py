@@ -116,9 +116,10 @@ class Transfer(_Step):
 
     Call it with this rank's input block (None where it holds none) for the
     output block (None where it holds none); :meth:`free` releases the
-    datatypes. ``created`` counts the datatypes this transfer committed. A piece
-    over :data:`MAX_MESSAGE_BYTES` goes outside the ``Alltoallw``, point-to-point
-    in C-order slabs (sender and receiver both see it from its subsizes).
+    datatypes. ``created`` counts the datatypes this transfer committed: one per
+    piece shape, not per peer. A piece over :data:`MAX_MESSAGE_BYTES` goes outside
+    the ``Alltoallw``, point-to-point in C-order slabs (sender and receiver both
+    see it from its subsizes).
     """
 
     def __init__(self, comm, table, dtype, element):
@@ -133,9 +134,9 @@ class Transfer(_Step):
                 self.staged_at[peer] = end
                 end += math.prod(subsizes) * size
         self.buffer_bytes = max(end, 1)
-        self.send_counts, self.send_types = [0] * nprocs, [element] * nprocs
+        self.send_counts, self.send_displs, self.send_types = [0] * nprocs, [0] * nprocs, [element] * nprocs
         self.recv_counts, self.recv_displs, self.recv_types = [0] * nprocs, [0] * nprocs, [element] * nprocs
-        self.datatypes = []
+        self.datatypes, self._shapes = [], {}
         # pieces over the limit: (peer, datatype) slabs sent, (peer, byte offset, count, datatype) slabs received
         self.big_sends, self.big_recvs, big_sent, big_received = [], [], 0, 0
         limit = max(1, MAX_MESSAGE_BYTES // size)
@@ -146,8 +147,8 @@ class Transfer(_Step):
                                        for at, z in _slabs(starts, subsizes, limit)]
                     big_sent += math.prod(subsizes) * size * (peer != rank)
                     continue
-                self.send_counts[peer], self.send_types[peer] = 1, self._subarray(element, self.in_shape, subsizes,
-                                                                                  starts)
+                self.send_counts[peer] = 1
+                self.send_displs[peer], self.send_types[peer] = self._placed(element, self.in_shape, subsizes, starts)
             for peer, starts, subsizes, add in recvs:
                 if math.prod(subsizes) > limit:
                     for at, z in _slabs(starts, subsizes, limit):
@@ -161,8 +162,9 @@ class Transfer(_Step):
                 elif add:
                     self.recv_counts[peer], self.recv_displs[peer] = math.prod(subsizes), self.staged_at[peer]
                 else:
-                    self.recv_counts[peer], self.recv_types[peer] = 1, self._subarray(element, self.out_shape,
-                                                                                      subsizes, starts)
+                    self.recv_counts[peer] = 1
+                    self.recv_displs[peer], self.recv_types[peer] = self._placed(element, self.out_shape, subsizes,
+                                                                                 starts)
         except BaseException:
             self.free()
             raise
@@ -178,13 +180,25 @@ class Transfer(_Step):
         self.datatypes.append(datatype)
         return datatype
 
+    def _placed(self, element, sizes, subsizes, starts):
+        """``(byte displacement, type)`` of the piece at ``starts``: one subarray type per piece shape, at the
+        origin, shared by the peers whose pieces have that shape (thousands of peers, a few shapes), displaced
+        to ``starts``; its own type where the displacement would overflow an int."""
+        offset = _offset(starts, sizes) * self.dtype.itemsize
+        if offset > MAX_MESSAGE_BYTES:
+            return 0, self._subarray(element, sizes, subsizes, starts)
+        key = (tuple(sizes), tuple(subsizes))
+        if key not in self._shapes:
+            self._shapes[key] = self._subarray(element, sizes, subsizes, [0] * len(subsizes))
+        return offset, self._shapes[key]
+
     def __call__(self, block):
         return self.post(block, wait=True)[1]()
 
     def post(self, block, wait=False):
         """Start the step: ``(requests, finish)``, ``finish()`` waiting for them and returning the output block; an
         ``Ialltoallw`` unless ``wait`` (a prefetched round). ``block`` must stay unchanged until then."""
-        rank, nprocs = self.comm.Get_rank(), self.comm.Get_size()
+        rank = self.comm.Get_rank()
         if self.in_held and (block is None or block.shape != tuple(self.in_shape)):
             raise ValueError(f"rank {rank}: local block of shape {None if block is None else block.shape}, "
                              f"the table expects {tuple(self.in_shape)}")
@@ -193,7 +207,7 @@ class Transfer(_Step):
         buffer = np.empty(self.buffer_bytes, dtype=np.uint8)
         out = buffer[:self.out_bytes].view(self.dtype).reshape(self.out_shape) if self.out_held else None
         send_buffer = block if self.in_held and block.size else np.empty(1, dtype=np.uint8)
-        args = ([send_buffer, (self.send_counts, [0] * nprocs), self.send_types],
+        args = ([send_buffer, (self.send_counts, self.send_displs), self.send_types],
                 [buffer, (self.recv_counts, self.recv_displs), self.recv_types])
         requests = [] if wait else [self.comm.Ialltoallw(*args)]
         if wait:
