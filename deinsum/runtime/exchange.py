@@ -125,7 +125,7 @@ class Transfer(_Step):
     def __init__(self, comm, table, dtype, element):
         self.comm, self.dtype = comm, np.dtype(dtype)
         self.in_held, self.in_shape, self.out_held, self.out_shape, sends, recvs, self.ops = table
-        rank, nprocs = comm.Get_rank(), comm.Get_size()
+        rank = comm.Get_rank()
         size = self.dtype.itemsize
         self.out_bytes = math.prod(self.out_shape) * size if self.out_held else 0
         self.staged_at, end = {}, self.out_bytes
@@ -134,8 +134,8 @@ class Transfer(_Step):
                 self.staged_at[peer] = end
                 end += math.prod(subsizes) * size
         self.buffer_bytes = max(end, 1)
-        self.send_counts, self.send_displs, self.send_types = [0] * nprocs, [0] * nprocs, [element] * nprocs
-        self.recv_counts, self.recv_displs, self.recv_types = [0] * nprocs, [0] * nprocs, [element] * nprocs
+        # (peer, count, byte displacement, type) of each peer's piece in the Alltoallw: O(peers), not O(ranks)
+        self.element, self.send_pieces, self.recv_pieces = element, [], []
         self.datatypes, self._shapes = [], {}
         # pieces over the limit: (peer, datatype) slabs sent, (peer, byte offset, count, datatype) slabs received
         self.big_sends, self.big_recvs, big_sent, big_received = [], [], 0, 0
@@ -147,8 +147,7 @@ class Transfer(_Step):
                                        for at, z in _slabs(starts, subsizes, limit)]
                     big_sent += math.prod(subsizes) * size * (peer != rank)
                     continue
-                self.send_counts[peer] = 1
-                self.send_displs[peer], self.send_types[peer] = self._placed(element, self.in_shape, subsizes, starts)
+                self.send_pieces.append((peer, 1, *self._placed(element, self.in_shape, subsizes, starts)))
             for peer, starts, subsizes, add in recvs:
                 if math.prod(subsizes) > limit:
                     for at, z in _slabs(starts, subsizes, limit):
@@ -160,18 +159,14 @@ class Transfer(_Step):
                             self.big_recvs.append((peer, 0, 1, self._subarray(element, self.out_shape, z, at)))
                     big_received += math.prod(subsizes) * size * (peer != rank)
                 elif add:
-                    self.recv_counts[peer], self.recv_displs[peer] = math.prod(subsizes), self.staged_at[peer]
+                    self.recv_pieces.append((peer, math.prod(subsizes), self.staged_at[peer], element))
                 else:
-                    self.recv_counts[peer] = 1
-                    self.recv_displs[peer], self.recv_types[peer] = self._placed(element, self.out_shape, subsizes,
-                                                                                 starts)
+                    self.recv_pieces.append((peer, 1, *self._placed(element, self.out_shape, subsizes, starts)))
         except BaseException:
             self.free()
             raise
-        self.bytes_sent = big_sent + sum(n * t.Get_size() for peer, (n, t)
-                                         in enumerate(zip(self.send_counts, self.send_types)) if peer != rank)
-        self.bytes_received = big_received + sum(n * t.Get_size() for peer, (n, t)
-                                                 in enumerate(zip(self.recv_counts, self.recv_types)) if peer != rank)
+        self.bytes_sent = big_sent + sum(n * t.Get_size() for peer, n, _, t in self.send_pieces if peer != rank)
+        self.bytes_received = big_received + sum(n * t.Get_size() for peer, n, _, t in self.recv_pieces if peer != rank)
 
     def _subarray(self, element, sizes, subsizes, starts):
         """Committed C-order subarray type (0-d arrays count as one element)."""
@@ -192,6 +187,15 @@ class Transfer(_Step):
             self._shapes[key] = self._subarray(element, sizes, subsizes, [0] * len(subsizes))
         return offset, self._shapes[key]
 
+    def _per_rank(self, pieces):
+        """``((counts, displacements), types)`` over the communicator's ranks, as ``Alltoallw`` takes them, made for
+        the call (held, they would take some 40 bytes per rank: megabytes per step at 65,536 ranks)."""
+        nprocs = self.comm.Get_size()
+        counts, displacements, types = [0] * nprocs, [0] * nprocs, [self.element] * nprocs
+        for peer, count, displacement, datatype in pieces:
+            counts[peer], displacements[peer], types[peer] = count, displacement, datatype
+        return (counts, displacements), types
+
     def __call__(self, block):
         return self.post(block, wait=True)[1]()
 
@@ -207,8 +211,7 @@ class Transfer(_Step):
         buffer = np.empty(self.buffer_bytes, dtype=np.uint8)
         out = buffer[:self.out_bytes].view(self.dtype).reshape(self.out_shape) if self.out_held else None
         send_buffer = block if self.in_held and block.size else np.empty(1, dtype=np.uint8)
-        args = ([send_buffer, (self.send_counts, self.send_displs), self.send_types],
-                [buffer, (self.recv_counts, self.recv_displs), self.recv_types])
+        args = ([send_buffer, *self._per_rank(self.send_pieces)], [buffer, *self._per_rank(self.recv_pieces)])
         requests = [] if wait else [self.comm.Ialltoallw(*args)]
         if wait:
             self.comm.Alltoallw(*args)
