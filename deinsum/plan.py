@@ -535,8 +535,9 @@ def _exit_phase(made: Layout, finish: Layout | None, nprocs: int) -> str:
 
 
 def _even_diagonal(shape: tuple[int, ...], sub: str, nprocs: int) -> Layout:
-    """:func:`deinsum.placement.even_layout` for an operand ``sub`` that may repeat an index: the repeated index split along its
-    first axis only, so that each rank's block holds the diagonal of its range (no move to align it).
+    """:func:`deinsum.placement.even_layout` for an operand ``sub`` that may repeat an index: the repeated index
+    split along its first axis only, so that each rank's block holds the diagonal of its range (no move to align
+    it).
 
     >>> _even_diagonal((6, 6, 2), "iij", 4).axis_parts(1)
     (1,)

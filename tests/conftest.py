@@ -36,4 +36,4 @@ def pytest_configure(config):
     tests start import it, and where bytecode is not written (``PYTHONDONTWRITEBYTECODE``) each would compile
     every module anew, 0.1-0.2 s of CPU apiece."""
     if not hasattr(config, "workerinput"):
-        compileall.compile_dir(Path(deinsum.__file__).parent, quiet=1)
+        compileall.compile_dir(Path(deinsum.__file__).parent, quiet=2)   # (a read-only tree: nothing said)

@@ -117,9 +117,10 @@ class Transfer(_Step):
     Call it with this rank's input block (None where it holds none) for the
     output block (None where it holds none); :meth:`free` releases the
     datatypes. ``created`` counts the datatypes this transfer committed: one per
-    piece shape, not per peer. A piece over :data:`MAX_MESSAGE_BYTES` goes outside
-    the ``Alltoallw``, point-to-point in C-order slabs (sender and receiver both
-    see it from its subsizes).
+    piece shape, not per peer (a piece placed past an int's reach, or a slab of
+    one, has its own). A piece over :data:`MAX_MESSAGE_BYTES` goes outside the
+    ``Alltoallw``, point-to-point in C-order slabs (sender and receiver both see
+    it from its subsizes).
     """
 
     def __init__(self, comm, table, dtype, element):
