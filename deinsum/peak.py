@@ -88,7 +88,7 @@ def term_words(group: tuple, ranks: np.ndarray) -> np.ndarray:
     """Words of one tuple of :func:`deinsum.footprint.footprint_terms` terms at ``ranks``; vectorised.
 
     >>> from deinsum.layout import Layout
-    >>> even = Layout((10, 8), (2,), (0, None))                      # blocks of 5 x 8
+    >>> even = Layout((10, 8), (2,), (0, None))                # blocks of 5 x 8
     >>> term_words(((even, 1, 0, ()), (even, 1, 0, (0, 2))), np.arange(2)).tolist()   # and 3 x 8 of a round
     [64, 64]
     """
@@ -104,7 +104,7 @@ def peak_bytes(phases: tuple, ranks, itemsize: int) -> np.ndarray:
     ``SLACK`` included; vectorised.
 
     >>> from deinsum.layout import Layout
-    >>> even = Layout((10, 8), (2,), (0, None))                      # blocks of 5 x 8 (40 words)
+    >>> even = Layout((10, 8), (2,), (0, None))                # blocks of 5 x 8 (40 words)
     >>> first = (((even, 1, 0, ()),), (((even, 2, 0, ()),),))  # one block held, two on top while it runs
     >>> second = (((even, 1, 0, ()),), ())                    # then one more held
     >>> ((peak_bytes((first, second), [0], 1) - SLACK) // 40).tolist()   # 1 + 2, then 2 + 0

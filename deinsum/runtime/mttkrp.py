@@ -40,21 +40,20 @@ def strategy(subs, out, sizes, mkl, itemsize, stream, bounds=None):
         return "mttkrp", f"MTTKRP to ({','.join(free)}): Hadamard-sum over ({','.join(c for c in sx if c in modes)})", \
             (x, r, None)
     dims, nr = [sizes[c] for c in sx], sizes[r]
-    inputs = sum(math.prod(sizes[c] for c in s) for s in subs)
-    budget = max(SMALL_SCRATCH, 0.5 * (inputs + math.prod(sizes[c] for c in out)))
-    _, made = mttkrp_scratch(sx, r, axes, out, lambda sub: math.prod(sizes[c] for c in sub),
-                             bounds[x] if bounds else ())
+    words = lambda sub: math.prod(sizes[c] for c in sub)  # noqa: E731
+    budget = max(SMALL_SCRATCH, 0.5 * (sum(map(words, subs)) + words(out)))
+    _, made = mttkrp_scratch(sx, r, axes, out, words, bounds[x] if bounds else ())
     least = min(on_blas for on_blas, _ in made.values())        # what the footprint counts
+    narrow = -(-nr // -(-nr // blas._STREAM_NARROW))           # even blocks of rank columns a fused pass takes
     best = None
     for (s, e, orient), on_mkl in itertools.product(_variants(made), (False, True)[:1 + mkl]):
         a, k, b = math.prod(dims[:s]), math.prod(dims[s:e]), math.prod(dims[e:])
         rest = math.prod(dims[q] for q in axes if not s <= q < e)
         extra, width = (2 * k + a * b + rest) * nr, nr      # Khatri-Rao (and its last partial), T, rest's KRP
-        narrow = -(-nr // -(-nr // blas._STREAM_NARROW))       # even blocks of rank columns a fused pass takes
         summed = [q for q in axes if not s <= q < e]
         fused = stream and _fusion(dims, s, e, orient, summed, narrow)
         on_blas, per_column = made[s, e]
-        if (narrow * per_column + math.prod(sizes[c] for c in out) if fused else on_blas) > least:
+        if (narrow * per_column + words(out) if fused else on_blas) > least:
             continue
         if fused:
             extra, width = (2 * k + rest + a * b // rest) * nr, narrow   # no T: the scratch is one result
