@@ -286,26 +286,24 @@ def estimate_words(indices: str, sizes: Mapping[str, int], dims: np.ndarray, npr
         return np.prod(dims[:, [v for v, c in enumerate(indices) if c not in sub]], axis=1)
 
     total = np.zeros(len(dims), dtype=np.float64)
-    ranks = np.unique(np.array([0, nprocs // 3, nprocs // 2, nprocs - 1]))
+    ranks = np.unique(np.array([0, nprocs // 3, nprocs // 2, nprocs - 1]))[:, None]   # sample ranks x grids
+    after = np.cumprod(dims[:, :0:-1], axis=1)[:, ::-1]          # ranks per step of each grid dimension's coords
     for sub, source in reads:
         b = words(sub)
         if source is None:
             total += b * (1 - 1 / group(sub))
             continue
-        lacks = np.zeros(len(dims))
-        src_lo, src_hi = source.boxes_of(ranks)
-        for k, r in enumerate(ranks):
-            need = np.ones(len(dims), dtype=np.int64)
-            have = np.ones(len(dims), dtype=np.int64)
-            for x, c in enumerate(sub):
-                v = pos[c]
-                digit = r // np.prod(dims[:, v + 1:], axis=1) % dims[:, v]
-                lo, hi = block_range(n[v], dims[:, v], digit)
-                need *= hi - lo
-                have *= np.clip(np.minimum(hi, src_hi[k, x]) - np.maximum(lo, src_lo[k, x]), 0, None)
-            held = have * (r < source.nranks) // source.n_summands
-            lacks = np.maximum(lacks, np.where(r < used, need - held, 0))
-        total += lacks
+        src_lo, src_hi = source.boxes_of(ranks[:, 0])
+        need = np.ones((len(ranks), len(dims)), dtype=np.int64)
+        have = np.ones_like(need)
+        for x, c in enumerate(sub):
+            v = pos[c]
+            digit = (ranks // after[:, v] if v < len(indices) - 1 else ranks) % dims[:, v]
+            lo, hi = block_range(n[v], dims[:, v], digit)
+            need *= hi - lo
+            have *= np.clip(np.minimum(hi, src_hi[:, x:x + 1]) - np.maximum(lo, src_lo[:, x:x + 1]), 0, None)
+        held = have * (ranks < source.nranks) // source.n_summands
+        total += np.maximum(np.where(ranks < used, need - held, 0).max(axis=0), 0)
     out = words(output)
     fan_in = group(output)
     total += out * (1 - 1 / fan_in)

@@ -87,10 +87,17 @@ def nested_bounds(n: int, parts: tuple[int, ...]) -> tuple[int, ...]:
     >>> nested_bounds(10, (2, 3)), nested_bounds(10, (4,)) == block_bounds(10, 4)
     ((0, 2, 4, 5, 7, 9, 10), True)
     """
+    return tuple(_bounds(n, tuple(parts)).tolist())
+
+
+@lru_cache(maxsize=4096)
+def _bounds(n: int, parts: tuple[int, ...]) -> np.ndarray:
+    """:func:`nested_bounds` as a read-only array: block ``k`` is ``bounds[k]:bounds[k + 1]``."""
     count = math.prod(parts)
-    coords = np.unravel_index(np.arange(count), parts) if parts else ()
-    starts, _ = nested_range(n, parts, coords)
-    return (*np.broadcast_to(starts, (count,)).tolist(), n)
+    starts, _ = nested_range(n, parts, np.unravel_index(np.arange(count), parts) if parts else ())
+    bounds = np.append(np.broadcast_to(starts, (count,)), n)
+    bounds.flags.writeable = False
+    return bounds
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -218,7 +225,7 @@ class Layout:
         (read-only: kept for a few ranks, see :meth:`holdings_of`)."""
         ranks = np.asarray(ranks, dtype=np.int64)
         if ranks.size <= KEPT_RANKS:
-            return _kept_holdings(self, ranks.tobytes())[:2]
+            return _kept_boxes(self, ranks.tobytes())
         return self._boxes(self._at(ranks))
 
     def holdings_of(self, ranks: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -234,9 +241,9 @@ class Layout:
             return _kept_holdings(self, ranks.tobytes())
         return self._holdings(ranks)
 
-    def _holdings(self, ranks: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _holdings(self, ranks: np.ndarray, boxes: tuple | None = None) -> tuple[np.ndarray, ...]:
         at = self._at(ranks)
-        arrays = (*self._boxes(at), self._block_index(at), self._index(sorted(self.partial), at),
+        arrays = (*(boxes or self._boxes(at)), self._block_index(at), self._index(sorted(self.partial), at),
                   self._index(self.replicated_dims, at), at[1])
         for a in arrays:
             a.flags.writeable = False
@@ -256,20 +263,23 @@ class Layout:
         if not self.shape:
             return np.ones(ranks.size, dtype=np.int64)
         if ranks.size <= KEPT_RANKS:
-            lo, hi = _kept_holdings(self, ranks.tobytes())[:2]
+            lo, hi = _kept_boxes(self, ranks.tobytes())
             extent = hi - lo
             for axis, parts in zip(cut[::2], cut[1::2]):
                 extent[:, axis] = -(-extent[:, axis] // parts)
             return np.prod(extent, axis=1, dtype=np.int64)
         coords, held, per_rank = self._at(ranks)
-        words = np.ones((), dtype=np.int64)
-        for x, n in enumerate(self.shape):
-            start, stop = nested_range(n, self.axis_parts(x), [coords[g] for g in self.axis_dims(x)])
-            extent = stop - start
+        extents = []
+        for x in range(len(self.shape)):
+            start, stop = self._axis_range(x, coords)
+            extents.append(stop - start)
             for axis, parts in zip(cut[::2], cut[1::2]):
-                extent = -(-extent // parts) if axis == x else extent
-            words = words * extent
-        return per_rank(words) * held
+                extents[-1] = -(-extents[-1] // parts) if axis == x else extents[-1]
+        words = np.ones(np.broadcast_shapes(*(np.shape(e) for e in extents)), dtype=np.int64)
+        for extent in extents:   # (in place: each product may be as large as the grid)
+            words *= extent
+        words = per_rank(words)
+        return words if held.all() else words * held
 
     def _at(self, ranks: np.ndarray) -> tuple:
         """``(coords, held, per_rank)`` to evaluate per-rank figures at ``ranks``: ``coords[g]`` the coordinates
@@ -279,11 +289,11 @@ class Layout:
         picks each rank's; fewer: ``coords`` are the ranks' own."""
         ranks = np.asarray(ranks, dtype=np.int64)
         held = ranks < self.nranks
-        at = np.where(held, ranks, 0)
         if ranks.size > KEPT_RANKS and ranks.size >= self.nranks:
             coords = [np.arange(p).reshape([p if g == d else 1 for g in range(len(self.grid))])
                       for d, p in enumerate(self.grid)]
-            every = ranks[0] == 0 and (np.diff(ranks) == 1).all()     # 0, 1, ...: each rank's value in place
+            every = ranks[0] == 0 and ranks[-1] == ranks.size - 1 and (ranks[1:] > ranks[:-1]).all()   # 0, 1, ...
+            at = None if every else np.where(held, ranks, 0)
 
             def per_rank(a):
                 if np.ndim(a) == 0:
@@ -294,14 +304,36 @@ class Layout:
                 return grid if grid.size == ranks.size else np.concatenate((grid, np.full(ranks.size - grid.size,
                                                                                         grid[0])))
             return coords, held, per_rank
-        return (np.unravel_index(at, self.grid) if self.grid else ()), held, lambda a: a
+        return (np.unravel_index(np.where(held, ranks, 0), self.grid) if self.grid else ()), held, lambda a: a
+
+    def axis_blocks(self, ranks: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per tensor axis, ``(bounds, block)``: :meth:`axis_bounds` as an array and which interval each of
+        ``ranks`` holds (rank 0's where it holds none); no ranks x axes array.
+
+        >>> [(b.tolist(), k.tolist()) for b, k in Layout((6, 4), (2, 2), (1, None)).axis_blocks(np.arange(5))]
+        [([0, 3, 6], [0, 1, 0, 1, 0]), ([0, 4], 0)]
+        """
+        coords, _, per_rank = self._at(np.asarray(ranks, dtype=np.int64))
+        return [(_bounds(n, self.axis_parts(x)), per_rank(self._axis_block(x, coords))) for x, n in enumerate(self.shape)]
+
+    def _axis_block(self, x: int, coords: list) -> np.ndarray:
+        """The block index along tensor axis ``x`` of the blocks at grid ``coords`` (:meth:`_at`'s)."""
+        dims = self.axis_dims(x)
+        if len(dims) < 2:
+            return coords[dims[0]] if dims else np.zeros((), dtype=np.int64)
+        return np.ravel_multi_index([coords[g] for g in dims], self.axis_parts(x))
+
+    def _axis_range(self, x: int, coords: list) -> tuple:
+        """``(start, stop)`` along tensor axis ``x`` of the blocks at grid ``coords`` (:meth:`_at`'s)."""
+        bounds, block = _bounds(self.shape[x], self.axis_parts(x)), self._axis_block(x, coords)
+        return bounds[block], bounds[block + 1]
 
     def _boxes(self, at: tuple) -> tuple[np.ndarray, np.ndarray]:
         coords, held, per_rank = at
         lo = np.zeros((held.size, len(self.shape)), dtype=np.int64)
         hi = np.zeros_like(lo)
-        for x, n in enumerate(self.shape):
-            start, stop = nested_range(n, self.axis_parts(x), [coords[g] for g in self.axis_dims(x)])
+        for x in range(len(self.shape)):
+            start, stop = self._axis_range(x, coords)
             lo[:, x], hi[:, x] = per_rank(start) * held, per_rank(stop) * held
         return lo, hi
 
@@ -309,9 +341,7 @@ class Layout:
         coords, held, per_rank = at
         index = np.zeros((held.size, len(self.shape)), dtype=np.int64)
         for x in range(len(self.shape)):
-            dims = self.axis_dims(x)
-            if dims:
-                index[:, x] = per_rank(np.ravel_multi_index(tuple(coords[g] for g in dims), self.axis_parts(x))) * held
+            index[:, x] = per_rank(self._axis_block(x, coords)) * held
         return index
 
     def summand_index(self, ranks: np.ndarray) -> np.ndarray:
@@ -395,7 +425,16 @@ KEPT_RANKS = 256
 
 @lru_cache(maxsize=4096)
 def _kept_holdings(layout: Layout, ranks: bytes) -> tuple[np.ndarray, ...]:
-    return layout._holdings(np.frombuffer(ranks, dtype=np.int64))
+    return layout._holdings(np.frombuffer(ranks, dtype=np.int64), _kept_boxes(layout, ranks))
+
+
+@lru_cache(maxsize=4096)
+def _kept_boxes(layout: Layout, ranks: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_kept_holdings`' boxes alone."""
+    boxes = layout._boxes(layout._at(np.frombuffer(ranks, dtype=np.int64)))
+    for a in boxes:
+        a.flags.writeable = False
+    return boxes
 
 
 @lru_cache(maxsize=64)

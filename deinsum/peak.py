@@ -57,7 +57,8 @@ def mttkrp_runs(ndim: int, axes, bounds=()) -> list:
 
 def mttkrp_scratch(sx: str, r: str, axes, out: str, words, bounds=()) -> tuple:
     """What ``runtime.mttkrp.run`` makes beside its result, ``words`` giving a block's words by subscripts:
-    ``made[s, e]``, on each run of :func:`mttkrp_runs`, its words on BLAS and per rank column of a fused pass;
+    ``made[s, e]``, on each run of :func:`mttkrp_runs`, its words on BLAS and the terms of a fused pass per rank
+    column (their words left to the caller: the footprint never fuses);
     ``terms``, ``(subscripts, words per element)`` of the least on BLAS: the footprint counts them, the kernel
     keeps within them. On BLAS: the run's Khatri-Rao product and its partial, T, the other modes' product and
     its copy, the result; or where less, X's size (rank columns in blocks); X's copy where views copy X. In a
@@ -80,7 +81,7 @@ def mttkrp_scratch(sx: str, r: str, axes, out: str, words, bounds=()) -> tuple:
         on_blas[s, e] = (blocked if words(sx) >= SMALL_SCRATCH and total(blocked) < total(whole) else whole) + copies
         fused = ((sx[s:e], 1), (sx[s:e - 1], 1)) + tuple((sub[:k], 1) for sub in rest for k in (-1, -2)) + (
             (out.replace(r, ""), 1),)
-        made[s, e] = total(on_blas[s, e]), total(fused)
+        made[s, e] = total(on_blas[s, e]), fused
     return min(on_blas.values(), key=total), made
 
 
@@ -93,8 +94,11 @@ def term_words(group: tuple, ranks: np.ndarray) -> np.ndarray:
     [64, 64]
     """
     total = np.zeros(ranks.size, dtype=np.int64)
-    for layout, per_word, per_holder, cut in group:
-        total += per_word * layout.block_sizes(ranks, cut) + per_holder * (ranks < layout.nranks)
+    for layout, per_word, per_holder, cut in group:   # (in place: a million ranks make large temporaries)
+        words = layout.block_sizes(ranks, cut)
+        total += words if per_word == 1 else per_word * words
+        if per_holder:
+            total += per_holder * (ranks < layout.nranks)
     return total
 
 

@@ -29,8 +29,8 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from .grids import balanced_split
-from .layout import Layout
-from .tables import (COLLECTIVES, Holdings, check_pair, check_rank, check_rounds, collectives, everywhere, holdings,
+from .layout import KEPT_RANKS, Layout
+from .tables import (COLLECTIVES, Holdings, check_pair, check_rank, check_rounds, collectives, everywhere,
                      native_reduction, phases, rank_tables, reduction_words, scattered)
 
 __all__ = ["Redistribution", "plan_redistribution", "reduce_split", "received_words", "sent_words",
@@ -60,6 +60,29 @@ def _direct_words(src: Holdings, dst: Holdings) -> np.ndarray:
     return dst.sizes() * src.n_summands - overlap.prod(axis=1) * (src.held & dst.held)
 
 
+def _direct_by_blocks(src: Layout, dst: Layout, ranks: np.ndarray) -> np.ndarray:
+    """:func:`_direct_words` of the layouts' own blocks at many ranks, one axis at a time: a rank's block in ``src``
+    and in ``dst`` looked up in each one's boundaries (at a million ranks, ranks x axes arrays cost more than the
+    arithmetic).
+
+    >>> rows, cols = Layout((4, 4), (2, 2), (0, 1)), Layout((4, 4), (4,), (None, 0))   # 2 x 2 blocks -> columns
+    >>> _direct_by_blocks(rows, cols, np.arange(4)).tolist()
+    [2, 4, 4, 2]
+    """
+    kept = ((ranks < src.nranks) & (ranks < dst.nranks)).astype(np.int64)
+    for (have, mine), (need, theirs) in zip(src.axis_blocks(ranks), dst.axis_blocks(ranks)):
+        kept *= np.maximum(np.minimum(have[mine + 1], need[theirs + 1]) - np.maximum(have[mine], need[theirs]), 0)
+    size = dst.block_sizes(ranks) if dst.shape else (ranks < dst.nranks).astype(np.int64)   # (a scalar: held or not)
+    return size * src.n_summands - kept
+
+
+def _blocks(layout: Layout, ranks: np.ndarray) -> Holdings:
+    """:func:`holdings` with only what :func:`_direct_words` reads (blocks, who holds one, the summands): no cells,
+    summand or replica indices to compute."""
+    lo, hi = layout.boxes_of(ranks)
+    return Holdings(None, lo, hi, None, ranks < layout.nranks, None, layout.n_summands, layout.n_replicas)
+
+
 def _direct(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray, start: Holdings, end: Holdings) -> np.ndarray:
     """Words each of ``ranks`` receives in the direct move (``start``, ``end``: their holdings of ``src``, ``dst``)."""
     reduction = native_reduction(src, dst, nprocs)
@@ -79,7 +102,7 @@ def via_scatter(src: Layout, dst: Layout, nprocs: int) -> bool:
         return False
     ranks = sample_ranks(nprocs)
     split = scatter_split(src, everywhere(dst, nprocs))
-    start, end, middle = holdings(src, ranks), holdings(dst, ranks), scattered(src, ranks, split)
+    start, end, middle = _blocks(src, ranks), _blocks(dst, ranks), scattered(src, ranks, split)
     words = _direct(src, dst, nprocs, ranks, start, end)
     via = _direct_words(start, middle) + _direct_words(middle, end)
     return bool((via.max(), via.sum()) < (words.max(), words.sum()))
@@ -122,8 +145,10 @@ def _received_by_all(src: Layout, dst: Layout, nprocs: int) -> np.ndarray:
 
 
 def _received_at(src: Layout, dst: Layout, nprocs: int, ranks: np.ndarray) -> np.ndarray:
-    start, end = holdings(src, ranks), holdings(dst, ranks)
     split = reduce_split(src, dst, nprocs)
+    if split is None and ranks.size > KEPT_RANKS and not native_reduction(src, dst, nprocs):
+        return _direct_by_blocks(src, dst, ranks)
+    start, end = _blocks(src, ranks), _blocks(dst, ranks)
     if split is not None:
         middle = scattered(src, ranks, split)
         return _direct_words(start, middle) + _direct_words(middle, end)

@@ -740,7 +740,7 @@ def test_a_fused_mttkrp_pass_within_the_least_scratch(eq, sizes):
     kind, name, params = K._strategy(tuple(subs), out, tuple(o.shape for o in ops), False, 8, True)
     assert "in one streamed pass" in name, name
     s, e, _, block, _ = params[2]
-    made_here = block * made[s, e][1] + size(out)
+    made_here = block * sum(n * size(sub) for sub, n in made[s, e][1]) + size(out)   # the pass' terms per column
     assert made_here <= sum(n * size(sub) for sub, n in terms)
     M.run(subs, out, ops, np.dtype(np.float64), params)                  # warm
     tracemalloc.start()

@@ -52,7 +52,7 @@ def strategy(subs, out, sizes, mkl, itemsize, stream, bounds=None):
         extra, width = (2 * k + a * b + rest) * nr, nr      # Khatri-Rao (and its last partial), T, rest's KRP
         summed = [q for q in axes if not s <= q < e]
         fused = stream and _fusion(dims, s, e, orient, summed, narrow)
-        on_blas, per_column = made[s, e]
+        on_blas, per_column = made[s, e][0], sum(n * words(sub) for sub, n in made[s, e][1])
         if (narrow * per_column + words(out) if fused else on_blas) > least:
             continue
         if fused:
