@@ -168,7 +168,7 @@ class Plan:
     memory: int                          # bytes per rank
     inputs: str
     result: str
-    analysis: object
+    ranking: object                      # the SOAP analysis that ranked the fusion candidates (no parallel bounds)
     groups: tuple[GroupPlan, ...]
     entry: tuple[Layout, ...]
     exit: Layout
@@ -183,7 +183,7 @@ class Plan:
         """The per-rank lower bounds this plan is held against (:class:`PlanBound`; made on first use: running a
         plan does not need them), for algorithms within the plan's own :attr:`balance`. None for an einsum without
         binary steps."""
-        if self.analysis is None or not self.fusion:
+        if self.ranking is None or not self.fusion:
             return None
         return _plan_bound(self, self.bound_analysis, dict(self.scores), self.fusion)
 
@@ -193,7 +193,7 @@ class Plan:
         one statement, within the plan's :attr:`balance`; the last at least what the result's copies cost): what
         :attr:`PlanBound.per_group` holds, without the class bound's search over other paths. None as for
         :attr:`bound`."""
-        if self.analysis is None or not self.fusion:
+        if self.ranking is None or not self.fusion:
             return None
         analysis, last = self.bound_analysis, len(self.decomposition.steps) - 1
         copies = _whole(analysis.result_copies)
@@ -222,10 +222,18 @@ class Plan:
         return worst
 
     @cached_property
+    def analysis(self):
+        """The SOAP analysis with its parallel bounds at exact balance (made on first use: running a plan does not
+        need them); None for an einsum without binary steps."""
+        return None if self.ranking is None else self.ranking.balanced(1.0)
+
+    @cached_property
     def bound_analysis(self):
         """The analysis with its parallel bounds at this plan's :attr:`balance` (what :attr:`bound` and the report
-        print); the plan's own analysis where it is exactly balanced."""
-        return None if self.analysis is None else self.analysis.balanced(self.balance)
+        print): :attr:`analysis` where the plan is exactly balanced."""
+        if self.ranking is None:
+            return None
+        return self.analysis if self.balance == 1 else self.ranking.balanced(self.balance)
 
     @property
     def equation(self) -> str:
@@ -302,7 +310,7 @@ class Plan:
         None where the plan does not fit it (or has no bound)."""
         if self.bound is None or not self.feasible:
             return None
-        return _whole(self.analysis.memory_words(self.memory // self.dtype.itemsize))
+        return _whole(self.ranking.memory_words(self.memory // self.dtype.itemsize))
 
     @property
     def lower_bound_bytes(self) -> float:
@@ -1072,7 +1080,7 @@ def build_plan(decomposition: Decomposition, nprocs: int, dtype=np.float64, memo
               else None if result == "distributed" else mode_layout(result, shape_of(d.output), nprocs))
     held = {**{n: lay for n, lay in starts.items() if lay is not None}, **({"out": finish} if finish else {})}
     analysis = analyze(d, S=max(1, memory // dtype.itemsize), P=nprocs, owned=_owned_words(d, nprocs, held),
-                       result_copies=_result_copies_words(d, nprocs, finish)) if d.steps else None
+                       result_copies=_result_copies_words(d, nprocs, finish), rho=None) if d.steps else None
 
     if not d.steps:  # a single operand: its pre-pass makes the result, then it goes where it ends
         made = starts["in0"]

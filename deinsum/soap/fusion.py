@@ -183,7 +183,7 @@ class Analysis:
     owned: dict[str, float] | None = None    # average words per rank held at the start or end, if not |T|/P
     result_copies: float = 0.0               # words some rank receives because the result ends with copies
     inputs: tuple[str, ...] = ()             # the operands' subscripts (after the pre-pass): the other paths'
-    rho: float = 1.0                         # the balance the parallel bounds assume (deinsum.soap.parallel)
+    rho: float | None = 1.0                  # the balance the parallel bounds assume (None: none made yet)
 
     @cached_property
     def _least(self) -> tuple[tuple[Candidate, ...], int, Candidate | None]:
@@ -246,7 +246,7 @@ class Analysis:
         (11.014, 3.481)
         """
         rho = check_balance(rho)
-        if rho == self.rho or self.atomic is None:
+        if rho == self.rho or self.P is None or self.sizes is None:
             return self
         bounded = {g.steps: replace(g, parallel=parallel_bound(g.statement, self.sizes, self.P, self.S, self.owned, rho))
                    for c in self.candidates for g in c.groups}
@@ -399,15 +399,16 @@ def partitions(steps: Sequence) -> list[tuple[tuple[int, ...], ...]]:
 
 
 def analyze(decomposition, S: float | None = None, P: int | None = None,
-            owned: dict[str, float] | None = None, result_copies: float = 0.0, rho: float = 1.0) -> Analysis:
+            owned: dict[str, float] | None = None, result_copies: float = 0.0, rho: float | None = 1.0) -> Analysis:
     """SOAP analysis of a decomposition (``deinsum.decompose``): every fusion candidate with its
     bound, the best one, per-group statements, closed forms, size-aware bounds and tiles.
 
     ``S``: fast/local memory in words. Without sizes the bounds stay symbolic in S
     (S substituted when given); with sizes, S defaults to ``DEFAULT_S``. ``P``: ranks,
     for the parallel bounds (numeric for concrete sizes, SymPy expressions otherwise).
-    ``rho``: the balance the parallel bounds assume (:meth:`Analysis.balanced`).
-    The unary pre-pass is not part of the bound.
+    ``rho``: the balance the parallel bounds assume (:meth:`Analysis.balanced`); None: no parallel bounds until
+    :meth:`Analysis.balanced` makes them (a planner ranks fusion candidates by the sequential bounds alone, then
+    bounds its plan at the plan's own balance). The unary pre-pass is not part of the bound.
     """
     steps = tuple(decomposition.steps) or tuple(s for s in decomposition.prepass if s.name == "out")
     if not steps:
@@ -419,7 +420,7 @@ def analyze(decomposition, S: float | None = None, P: int | None = None,
         S = float(DEFAULT_S)
     if P is not None:
         P = check_ranks(P)
-    rho = check_balance(rho)
+    rho = None if rho is None else check_balance(rho)
     groups = {}
     for g in valid_groups(steps):
         st = Statement.from_steps([steps[k] for k in g])
@@ -431,7 +432,7 @@ def analyze(decomposition, S: float | None = None, P: int | None = None,
     cands = sorted((Candidate(p, tuple(groups[g] for g in p), sum(groups[g].cost for g in p))
                     for p in partitions(steps)), key=lambda c: (c.cost, len(c.partition), c.partition))
     atomic = None
-    if P is not None and sizes is not None:
+    if P is not None and sizes is not None and rho is not None:
         bounded = {g: replace(b, parallel=parallel_bound(b.statement, sizes, P, S, owned, rho)) for g, b in groups.items()}
         cands = [replace(c, groups=tuple(bounded[g] for g in c.partition)) for c in cands]
         atomic = bounded[tuple(range(len(steps)))].parallel     # the steps form one tree: a valid group
