@@ -298,7 +298,7 @@ def estimate_words(indices: str, sizes: Mapping[str, int], dims: np.ndarray, npr
         have = np.ones_like(need)
         for x, c in enumerate(sub):
             v = pos[c]
-            digit = (ranks // after[:, v] if v < len(indices) - 1 else ranks) % dims[:, v]
+            digit = (ranks // after[:, v] if v < dims.shape[1] - 1 else ranks) % dims[:, v]
             lo, hi = block_range(n[v], dims[:, v], digit)
             need *= hi - lo
             have *= np.clip(np.minimum(hi, src_hi[:, x:x + 1]) - np.maximum(lo, src_lo[:, x:x + 1]), 0, None)

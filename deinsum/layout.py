@@ -90,14 +90,20 @@ def nested_bounds(n: int, parts: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(_bounds(n, tuple(parts)).tolist())
 
 
-@lru_cache(maxsize=4096)
 def _bounds(n: int, parts: tuple[int, ...]) -> np.ndarray:
     """:func:`nested_bounds` as a read-only array: block ``k`` is ``bounds[k]:bounds[k + 1]``."""
+    return (_kept_bounds if math.prod(parts) <= KEPT_BLOCKS else _bounds_of)(n, parts)
+
+
+def _bounds_of(n: int, parts: tuple[int, ...]) -> np.ndarray:
     count = math.prod(parts)
     starts, _ = nested_range(n, parts, np.unravel_index(np.arange(count), parts) if parts else ())
     bounds = np.append(np.broadcast_to(starts, (count,)), n)
     bounds.flags.writeable = False
     return bounds
+
+
+_kept_bounds = lru_cache(maxsize=4096)(_bounds_of)
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -278,8 +284,7 @@ class Layout:
         words = np.ones(np.broadcast_shapes(*(np.shape(e) for e in extents)), dtype=np.int64)
         for extent in extents:   # (in place: each product may be as large as the grid)
             words *= extent
-        words = per_rank(words)
-        return words if held.all() else words * held
+        return np.broadcast_to(per_rank(words), held.shape) * held
 
     def _at(self, ranks: np.ndarray) -> tuple:
         """``(coords, held, per_rank)`` to evaluate per-rank figures at ``ranks``: ``coords[g]`` the coordinates
@@ -308,7 +313,7 @@ class Layout:
 
     def axis_blocks(self, ranks: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per tensor axis, ``(bounds, block)``: :meth:`axis_bounds` as an array and which interval each of
-        ``ranks`` holds (rank 0's where it holds none); no ranks x axes array.
+        ``ranks`` holds (rank 0's where it holds none; 0 where the axis is not split); no ranks x axes array.
 
         >>> [(b.tolist(), k.tolist()) for b, k in Layout((6, 4), (2, 2), (1, None)).axis_blocks(np.arange(5))]
         [([0, 3, 6], [0, 1, 0, 1, 0]), ([0, 4], 0)]
@@ -325,7 +330,10 @@ class Layout:
 
     def _axis_range(self, x: int, coords: list) -> tuple:
         """``(start, stop)`` along tensor axis ``x`` of the blocks at grid ``coords`` (:meth:`_at`'s)."""
-        bounds, block = _bounds(self.shape[x], self.axis_parts(x)), self._axis_block(x, coords)
+        parts = self.axis_parts(x)
+        if math.prod(parts) > KEPT_BLOCKS:
+            return nested_range(self.shape[x], parts, [coords[g] for g in self.axis_dims(x)])
+        bounds, block = _bounds(self.shape[x], parts), self._axis_block(x, coords)
         return bounds[block], bounds[block + 1]
 
     def _boxes(self, at: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -422,9 +430,13 @@ class Layout:
 #: search models the same sample ranks (``deinsum.plan.SEARCH_RANKS``) of the same layouts many times.
 KEPT_RANKS = 256
 
+#: :func:`_bounds` keeps the boundaries of axes split into at most this many blocks.
+KEPT_BLOCKS = 2 ** 16
+
 
 @lru_cache(maxsize=4096)
 def _kept_holdings(layout: Layout, ranks: bytes) -> tuple[np.ndarray, ...]:
+    """:meth:`Layout.holdings_of` at a few ranks (their int64 bytes), kept."""
     return layout._holdings(np.frombuffer(ranks, dtype=np.int64), _kept_boxes(layout, ranks))
 
 

@@ -168,7 +168,7 @@ class Plan:
     memory: int                          # bytes per rank
     inputs: str
     result: str
-    ranking: object                      # the SOAP analysis that ranked the fusion candidates (no parallel bounds)
+    _ranked: object                      # the planner's SOAP analysis: fusion candidates ranked, no parallel bounds
     groups: tuple[GroupPlan, ...]
     entry: tuple[Layout, ...]
     exit: Layout
@@ -183,7 +183,7 @@ class Plan:
         """The per-rank lower bounds this plan is held against (:class:`PlanBound`; made on first use: running a
         plan does not need them), for algorithms within the plan's own :attr:`balance`. None for an einsum without
         binary steps."""
-        if self.ranking is None or not self.fusion:
+        if self._ranked is None or not self.fusion:
             return None
         return _plan_bound(self, self.bound_analysis, dict(self.scores), self.fusion)
 
@@ -193,7 +193,7 @@ class Plan:
         one statement, within the plan's :attr:`balance`; the last at least what the result's copies cost): what
         :attr:`PlanBound.per_group` holds, without the class bound's search over other paths. None as for
         :attr:`bound`."""
-        if self.ranking is None or not self.fusion:
+        if self._ranked is None or not self.fusion:
             return None
         analysis, last = self.bound_analysis, len(self.decomposition.steps) - 1
         copies = _whole(analysis.result_copies)
@@ -225,15 +225,15 @@ class Plan:
     def analysis(self):
         """The SOAP analysis with its parallel bounds at exact balance (made on first use: running a plan does not
         need them); None for an einsum without binary steps."""
-        return None if self.ranking is None else self.ranking.balanced(1.0)
+        return None if self._ranked is None else self._ranked.balanced(1.0)
 
     @cached_property
     def bound_analysis(self):
         """The analysis with its parallel bounds at this plan's :attr:`balance` (what :attr:`bound` and the report
         print): :attr:`analysis` where the plan is exactly balanced."""
-        if self.ranking is None:
+        if self._ranked is None:
             return None
-        return self.analysis if self.balance == 1 else self.ranking.balanced(self.balance)
+        return self.analysis if self.balance == 1 else self._ranked.balanced(self.balance)
 
     @property
     def equation(self) -> str:
@@ -310,7 +310,7 @@ class Plan:
         None where the plan does not fit it (or has no bound)."""
         if self.bound is None or not self.feasible:
             return None
-        return _whole(self.ranking.memory_words(self.memory // self.dtype.itemsize))
+        return _whole(self._ranked.memory_words(self.memory // self.dtype.itemsize))
 
     @property
     def lower_bound_bytes(self) -> float:

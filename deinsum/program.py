@@ -262,7 +262,7 @@ class Program:
             return a.latex([p.bound_row() for p in plans], bound_notes(plans) if plans else ())
         plan = self.plan(nprocs=nprocs, inputs=inputs, result=result) if planned else None
         spare = self.plan(nprocs=nprocs, inputs=inputs, result=result, memory=UNLIMITED) if planned else None
-        a = plan.bound_analysis if plan is not None and plan.ranking is not None else self.analysis(nprocs)
+        a = plan.bound_analysis if plan is not None and plan.bound_analysis is not None else self.analysis(nprocs)
         if format == "json":
             import json
             data = {"equation": a.equation, "analysis": a.to_dict()} | ({} if plan is None else plan.to_dict())

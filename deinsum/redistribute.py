@@ -72,7 +72,8 @@ def _direct_by_blocks(src: Layout, dst: Layout, ranks: np.ndarray) -> np.ndarray
     kept = ((ranks < src.nranks) & (ranks < dst.nranks)).astype(np.int64)
     for (have, mine), (need, theirs) in zip(src.axis_blocks(ranks), dst.axis_blocks(ranks)):
         kept *= np.maximum(np.minimum(have[mine + 1], need[theirs + 1]) - np.maximum(have[mine], need[theirs]), 0)
-    size = dst.block_sizes(ranks) if dst.shape else (ranks < dst.nranks).astype(np.int64)   # (a scalar: held or not)
+    size = dst.block_sizes(ranks) if dst.shape else (ranks < dst.nranks).astype(np.int64)   # (block_sizes counts
+    # a 0-d tensor's word at idle ranks too: the footprint's convention, not the volume's)
     return size * src.n_summands - kept
 
 

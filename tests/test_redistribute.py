@@ -135,6 +135,7 @@ def test_the_model_at_every_rank_equals_it_rank_by_rank(pair):
     every = received_words(src, dst, nprocs).tolist()
     assert every == sum((received_words(src, dst, nprocs, np.arange(a, min(a + 200, nprocs))).tolist()
                          for a in range(0, nprocs, 200)), [])
+    assert received_words(src, dst, nprocs, np.arange(1, nprocs)).tolist() == every[1:]   # not from rank 0
     plan = plan_redistribution(src, dst, nprocs)
     ranks = (0, nprocs // 2, nprocs - 1)
     assert [table_words(plan.table(r))[1] for r in ranks] == [every[r] for r in ranks]
