@@ -55,6 +55,11 @@ def mttkrp_runs(ndim: int, axes, bounds=()) -> list:
     return [(s, e) for s, e in runs if set(bounds) <= {s, e}] or runs
 
 
+def scratch_words(terms: tuple, words) -> int:
+    """Words of ``(subscripts, words per element)`` terms, ``words`` giving a block's words by subscripts."""
+    return sum(n * words(sub) for sub, n in terms)
+
+
 def mttkrp_scratch(sx: str, r: str, axes, out: str, words, bounds=()) -> tuple:
     """What ``runtime.mttkrp.run`` makes beside its result, ``words`` giving a block's words by subscripts:
     ``made[s, e]``, on each run of :func:`mttkrp_runs`, its words on BLAS and the terms of a fused pass per rank
@@ -72,7 +77,7 @@ def mttkrp_scratch(sx: str, r: str, axes, out: str, words, bounds=()) -> tuple:
         return (("".join(sx[q] for q in sorted(axes)) + r, 2), (out, 1)), {}
     runs = mttkrp_runs(len(sx), axes, bounds)
     copies = ((sx, 1),) if not set(bounds) <= set(runs[0]) else ()
-    total = lambda group: sum(n * words(sub) for sub, n in group)  # noqa: E731
+    total = lambda group: scratch_words(group, words)  # noqa: E731
     on_blas, made = {}, {}
     for s, e in runs:
         rest = ("".join(sx[q] for q in axes if not s <= q < e) + r,) if len(axes) > e - s else ()

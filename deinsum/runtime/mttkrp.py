@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from ..peak import SMALL_SCRATCH, mttkrp_form, mttkrp_scratch
+from ..peak import SMALL_SCRATCH, mttkrp_form, mttkrp_scratch, scratch_words
 from . import blas
 from .cost import ELEM, FUSED_RATE, L2_BYTES, MTTKRP_FIT, gemm_seconds
 from .libraries import array_module
@@ -52,7 +52,7 @@ def strategy(subs, out, sizes, mkl, itemsize, stream, bounds=None):
         extra, width = (2 * k + a * b + rest) * nr, nr      # Khatri-Rao (and its last partial), T, rest's KRP
         summed = [q for q in axes if not s <= q < e]
         fused = stream and _fusion(dims, s, e, orient, summed, narrow)
-        on_blas, per_column = made[s, e][0], sum(n * words(sub) for sub, n in made[s, e][1])
+        on_blas, per_column = made[s, e][0], scratch_words(made[s, e][1], words)
         if (narrow * per_column + words(out) if fused else on_blas) > least:
             continue
         if fused:
