@@ -199,38 +199,31 @@ def matmul(a, b, library=None):
 
 
 def _gpu_matmul(a, b):
-    """``a @ b`` of GPU arrays: 2-D float operands with a unit stride each are read in place by cuBLAS
-    (CuPy's matmul copies a strided view, e.g. a round's piece of X, which the footprint does not hold)."""
+    """``a @ b`` (numpy's broadcasting) of GPU arrays on cuBLAS's strided-batch GEMM, each float operand read in
+    place where its matrices have a unit stride and one stride steps through its batch (``_cblas_view``); CuPy's
+    matmul copies a strided view, e.g. a round's piece of X, which the footprint does not hold."""
     import cupy
     from cupy_backends.cuda.libs import cublas
-    gemm = {"f": cublas.sgemm, "d": cublas.dgemm, "F": cublas.cgemm, "D": cublas.zgemm}.get(a.dtype.char)
-    if gemm is None or a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype or 0 in a.shape + b.shape:
+    gemm = {"f": cublas.sgemmStridedBatched, "d": cublas.dgemmStridedBatched, "F": cublas.cgemmStridedBatched,
+            "D": cublas.zgemmStridedBatched}.get(a.dtype.char)
+    if gemm is None or a.dtype != b.dtype or min(a.ndim, b.ndim) < 2 or 0 in a.shape + b.shape:
         return a @ b
-    (m, k), n = a.shape, b.shape[1]
-    (tb, ldb), (ta, lda) = _cublas_operand(b), _cublas_operand(a)
-    if None in (ta, tb):
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    views = [_cblas_view(cupy.broadcast_to(x, batch + x.shape[-2:])) for x in (a, b)]
+    count = math.prod(batch)
+    if None in views or max(m, n, k, count, views[0][1], views[1][1]) >= 2**31:
         return a @ b
-    c = cupy.empty((m, n), a.dtype)
+    (flag_a, lda, stride_a), (flag_b, ldb, stride_b) = views
+    c = cupy.empty(batch + (m, n), a.dtype)
     one, zero = np.ones(1, a.dtype), np.zeros(1, a.dtype)
     handle = cupy.cuda.device.get_cublas_handle()
     cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
-    # row-major C = A B is column-major C^T = B^T A^T: each operand read in place with its leading dimension
-    gemm(handle, tb, ta, n, m, k, one.ctypes.data, b.data.ptr, ldb, a.data.ptr, lda, zero.ctypes.data,
-         c.data.ptr, n)
+    # row-major C = A B is column-major C^T = B^T A^T: a row-major operand (CBLAS flag 111) is read as is (op N),
+    # a column-major one (112) transposed (op T), each with its leading dimension and batch stride
+    gemm(handle, flag_b - 111, flag_a - 111, n, m, k, one.ctypes.data, b.data.ptr, ldb, stride_b, a.data.ptr, lda,
+         stride_a, zero.ctypes.data, c.data.ptr, n, m * n, count)
     return c
-
-
-def _cublas_operand(x):
-    """``(op, ld)`` of 2-D ``x`` for a column-major cuBLAS call reading its transpose: ``(0, row stride)``
-    where its rows have unit stride, ``(1, column stride)`` where its columns do, else ``(None, None)``."""
-    rows, cols = x.shape
-    s0, s1 = (s // x.itemsize if s % x.itemsize == 0 else -1 for s in x.strides)
-    s0, s1 = s0 if rows > 1 else cols, s1 if cols > 1 else rows
-    if s1 == 1 and s0 >= cols:
-        return 0, s0
-    if s0 == 1 and s1 >= rows:
-        return 1, s1
-    return None, None
 
 
 #: Multiply-adds from which a GEMM runs on the streaming kernels, and their narrow side's limit.
