@@ -276,17 +276,34 @@ if comm.rank == 0:
 """
 
 
+#: P -> the cases of GPU_BUDGET: (einsum, sizes, memory x the data share, whether the plan needs rounds).
+GPU_BUDGET_CASES = {
+    4: [("ij,jk->ik", dict(i=1536, j=1536, k=1536), 1.5, True)],
+    3: [("ijk,ja,ka->ia", dict(i=240, j=240, k=240, a=24), 1.3, False),   # fits without rounds
+        ("ijk,ja,ka->ia", dict(i=240, j=240, k=240, a=24), 1.1, True),
+        ("ijklm,jb,kc,ld,me->ibcde", dict(i=24, j=24, k=24, l=24, m=24, b=8, c=8, d=8, e=8), 1.3, True)],
+}
+
+
+@pytest.mark.parametrize("nprocs", list(GPU_BUDGET_CASES))
+def test_the_gpu_budget_cases_plan_as_the_gpu_test_expects(nprocs):
+    """Planning needs no GPU: where a change to the footprint moves a case of the GPU test across its rounds
+    (as 45509cc did unseen), this fails here, not only on a machine with a GPU."""
+    for eq, sizes, factor, rounds in GPU_BUDGET_CASES[nprocs]:
+        shapes = [tuple(sizes[c] for c in s) for s in eq.split("->")[0].split(",")]
+        prog = deinsum.compile(eq, *shapes, inputs="local", result="distributed", device="gpu")
+        prog.memory = int(factor * prog.plan(nprocs=nprocs).data_share * 8)
+        plan = prog.plan(nprocs=nprocs)
+        assert plan.feasible and any(g.rounds for g in plan.groups) == rounds, (eq, factor, plan.groups)
+
+
 @needs_gpu
-@pytest.mark.parametrize("nprocs, cases", [
-    (4, [("ij,jk->ik", dict(i=1536, j=1536, k=1536), 1.5, True)]),
-    (3, [("ijk,ja,ka->ia", dict(i=240, j=240, k=240, a=24), 1.3, False),   # fits without rounds
-         ("ijk,ja,ka->ia", dict(i=240, j=240, k=240, a=24), 1.1, True),
-         ("ijklm,jb,kc,ld,me->ibcde", dict(i=24, j=24, k=24, l=24, m=24, b=8, c=8, d=8, e=8), 1.3, True)]),
-])
-def test_gpu_plans_fit_the_gpu_memory_each_rank_has(nprocs, cases, tmp_path):
+@pytest.mark.parametrize("nprocs", list(GPU_BUDGET_CASES))
+def test_gpu_plans_fit_the_gpu_memory_each_rank_has(nprocs, tmp_path):
     """CuPy's pool limit is the memory each rank may use (no memory= given): the plan runs within it, in rounds
     where it must (the pool refuses any byte more), under its footprint, equal to numpy, bytes == model."""
-    out = check_mpi(nprocs, GPU_BUDGET.replace("CASES", repr(cases), 1), tmp_path=tmp_path, timeout=300)
+    out = check_mpi(nprocs, GPU_BUDGET.replace("CASES", repr(GPU_BUDGET_CASES[nprocs]), 1), tmp_path=tmp_path,
+                    timeout=300)
     assert out.strip().splitlines()[-1] == "OK", out
 
 
