@@ -359,6 +359,16 @@ def test_the_runtime_is_carried_byte_for_byte_and_tracebacks_name_its_files():
     assert frame.line == (PACKAGE / "tables.py").read_text().splitlines()[frame.lineno - 1].strip()
 
 
+def test_scripts_run_in_one_process_install_their_runtime_once():
+    """Each script defines its own ``Bundle`` class: a second script with the same runtime (the tests' driver
+    runs many in one process) finds the first one's modules and neither unpacks nor adds a finder again."""
+    text = generate(deinsum.compile("ij,jk->ik", (4, 3), (3, 2)).plan(nprocs=2))
+    name = package_name(payload_of(text))
+    for n in range(2):
+        exec(compile(text, "script", "exec"), types.ModuleType(f"emitted_{n}").__dict__)
+    assert sum(getattr(finder, "name", None) == name for finder in sys.meta_path) == 1
+
+
 def test_emitted_script_defines_every_name_it_uses(tmp_path):
     pyflakes = pytest.importorskip("pyflakes.api")
     from pyflakes.reporter import Reporter

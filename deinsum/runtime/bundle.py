@@ -63,8 +63,9 @@ def package_name(payload):
 
 
 def install(payload, origin="embedded"):
-    """Make the payload's modules importable (once per payload) and return their package's name."""
+    """Make the payload's modules importable (once per process and payload, whichever script installed it) and
+    return their package's name."""
     name = package_name(payload)
-    if not any(isinstance(f, Bundle) and f.name == name for f in sys.meta_path):
+    if not any(getattr(f, "name", None) == name for f in sys.meta_path):
         sys.meta_path.insert(0, Bundle(name, unpack(payload), origin))
     return name
