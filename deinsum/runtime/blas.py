@@ -199,9 +199,10 @@ def matmul(a, b, library=None):
 
 
 def _gpu_matmul(a, b):
-    """``a @ b`` (numpy's broadcasting) of GPU arrays on cuBLAS's strided-batch GEMM, each float operand read in
-    place where its matrices have a unit stride and one stride steps through its batch (``_cblas_view``); CuPy's
-    matmul copies a strided view, e.g. a round's piece of X, which the footprint does not hold."""
+    """``a @ b`` (numpy's broadcasting) of GPU arrays on cuBLAS's strided-batch GEMM (float or complex), each
+    operand read in place where its matrices have a unit stride and one stride steps through its batch
+    (``_cblas_view``); CuPy's matmul copies a strided view, e.g. a round's piece of X, which the footprint does
+    not hold."""
     import cupy
     from cupy_backends.cuda.libs import cublas
     gemm = {"f": cublas.sgemmStridedBatched, "d": cublas.dgemmStridedBatched, "F": cublas.cgemmStridedBatched,
