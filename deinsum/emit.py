@@ -304,7 +304,8 @@ def _mpi(exchange) -> str:
 
 def _communicator(exchange, indent: str) -> tuple[str, list[str]]:
     """The name of the communicator an exchange runs on, and the line that makes it (a Cart_sub) if any."""
-    if exchange.comm.group is None:
+    comm = exchange.comm
+    if comm.world:
         return "rt.world", []
-    name = exchange.comm.name
-    return name, [f"{indent}{name} = rt.cart_sub(GRID{exchange.comm.group}, remain={exchange.comm.remain!r})"]
+    grid = comm.grid if comm.group is None else f"GRID{comm.group}"
+    return comm.name, [f"{indent}{comm.name} = rt.cart_sub({grid}, remain={comm.remain!r})"]

@@ -122,7 +122,7 @@ def run_schedule(rt: Runtime, plan: Plan, operands: Sequence) -> np.ndarray | No
     d = plan.decomposition
     tensors = dict(zip(d.input_names, operands))
     moves, in_rounds = iter(range(len(plan.moves))), {}
-    comm_of = lambda e: rt.world if e.comm.group is None else rt.cart_sub(e.comm.grid, e.comm.remain)  # noqa: E731
+    comm_of = lambda e: rt.world if e.comm.world else rt.cart_sub(e.comm.grid, e.comm.remain)  # noqa: E731
     for item in plan.schedule:
         if isinstance(item, Prepass):
             s = item.step

@@ -35,11 +35,12 @@ KINDS = ("scatter", "broadcast", "gather", "allgather", "transpose", "reduce", "
 
 @dataclass(frozen=True)
 class Communicator:
-    """Where an exchange runs: every rank (``group`` None), or the ``Cart_sub`` keeping grid dims ``remain``
-    of group ``group``'s Cartesian grid ``grid`` (``Create_cart(grid, reorder=False)`` of the world).
+    """Where an exchange runs: every rank (no ``grid``), or the ``Cart_sub`` keeping grid dims ``remain`` of the
+    Cartesian grid ``grid`` (``Create_cart(grid, reorder=False)`` of the world) of group ``group``, or of a
+    pre-pass (``group`` None).
 
-    >>> Communicator((2, 3), (1,), group=0).name
-    'grid0_sum'
+    >>> Communicator((2, 3), (1,), group=0).name, Communicator((2, 3, 2), (0, 2)).name
+    ('grid0_sum', 'grid2x3x2_sum')
     """
 
     grid: tuple[int, ...] = ()
@@ -47,9 +48,17 @@ class Communicator:
     group: int | None = None
 
     @property
+    def world(self) -> bool:
+        """Whether it is every rank."""
+        return not self.grid
+
+    @property
     def name(self) -> str:
-        """``world``, or ``grid<g>_sum``: the ranks of group g's grid that hold partial sums of one block."""
-        return "world" if self.group is None else f"grid{self.group}_sum"
+        """``world``, or ``grid<g>_sum`` (``grid<dims>_sum`` for a pre-pass's grid): the ranks of that grid that
+        hold partial sums of one block."""
+        if self.world:
+            return "world"
+        return f"grid{'x'.join(map(str, self.grid)) if self.group is None else self.group}_sum"
 
 
 WORLD = Communicator()
@@ -181,16 +190,16 @@ class Move:
         """The collective steps, in order: a reduce-scatter first where the redistribution sums in two steps.
 
         The reduce-scatter keeps every block inside the ranks holding its partial
-        sums (the output of a group has one holder per block and summand), so it
-        runs on the ``Cart_sub`` of the producing group's grid over ``src.partial``.
+        sums (the output of a group or a pre-pass has one holder per block and summand), so it
+        runs on the ``Cart_sub`` of the producing grid over ``src.partial``.
         """
         mpi = [COLLECTIVES.get(kind, "Alltoallw") for kind in self.redistribution.collectives]
         if self.redistribution.split is None:
             if not self.words_received.any():   # no rank receives a word: each takes its part of what it holds
                 return (Exchange("slice", WORLD, None),)
             return (Exchange(classify(self.src, self.dst, self.nprocs), WORLD, mpi[0]),)
-        sums = WORLD
-        if self.group is not None and distinct(self.src):
+        sums = WORLD   # (a partial block made by a pre-pass sums on its grid too: it has no group)
+        if distinct(self.src):
             sums = Communicator(self.src.grid, tuple(sorted(self.src.partial)), self.group)
         return (Exchange("reduce_scatter", sums, mpi[0]),
                 Exchange(_plain_kind(True, self.dst, self.nprocs), WORLD, mpi[1]))
