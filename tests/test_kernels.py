@@ -777,3 +777,14 @@ def test_mttkrp_scratch_in_blocks_within_its_footprint_terms(eq, sizes):
         tracemalloc.stop()
     check(eq, ops, got)
     assert peak <= allowed + SLACK, (peak, allowed)
+
+
+def test_an_outer_product_step_makes_its_result_c_ordered():
+    """A step with no summed index (outer product, KRP, Hadamard) writes its result in the requested order: a move
+    of it then needs no C-ordered copy, which the footprint does not hold (dbed,ec,a->bead at P = 2 once peaked
+    13% over its footprint, measured with tracemalloc)."""
+    rng = np.random.default_rng(0)
+    a, b = rng.random((4, 5, 6)), rng.random((6, 3))
+    for got in (K.contract_group(("dbe", "ea"), "bead", a, b), K.contract_pair(a, b, "dbe", "ea", "bead")):
+        assert got.flags.c_contiguous
+        np.testing.assert_allclose(got, np.einsum("dbe,ea->bead", a, b))

@@ -24,6 +24,7 @@ True
 'MTTKRP to (k)'
 """
 from functools import lru_cache
+import math
 
 import numpy as np
 
@@ -62,26 +63,42 @@ def unary(a, sub, out):
 
 
 
+#: Elements of an outer product's slab, made before it is placed (within ``peak.SLACK``).
+PRODUCT_PIECE = 1 << 16
+
+
 def contract_pair(a, b, sa, sb, out):
     """Binary step ``einsum(sa,sb->out)`` through BLAS where it applies.
 
     * contraction without batch indices -> one GEMM on matrix views (GEMM/TDOT);
     * batch and contracted indices -> batched ``matmul`` (``einsum`` when GEMV-like);
-    * no contracted index (KRP, Hadamard, outer) -> broadcast multiply.
+    * no contracted index (KRP, Hadamard, outer) -> broadcast multiply into a C-ordered result (a move of it
+      copies nothing the footprint does not hold).
     """
     batch = [c for c in sa if c in sb and c in out]
     summed = [c for c in sa if c in sb and c not in out]
     free_a = [c for c in sa if c not in sb]
     free_b = [c for c in sb if c not in sa]
     if not summed:
-        # broadcast multiply: result axes batch + free_a + free_b
         order = batch + free_a + free_b
-        ea = np.expand_dims(a.transpose([sa.index(c) for c in batch + free_a]),
-                            tuple(range(len(batch) + len(free_a), len(order))))
-        bb = b.transpose([sb.index(c) for c in batch + free_b])
-        eb = np.expand_dims(bb, tuple(range(len(batch), len(batch) + len(free_a))))
-        res = ea * eb
-    elif not batch:
+        ta, tb = a.transpose([sa.index(c) for c in batch + free_a]), b.transpose([sb.index(c) for c in batch + free_b])
+        ea = np.expand_dims(ta, tuple(range(len(batch) + len(free_a), len(order))))
+        eb = np.expand_dims(tb, tuple(range(len(batch), len(batch) + len(free_a))))
+        if order == list(out) and ta.flags.c_contiguous and tb.flags.c_contiguous:
+            return ea * eb
+        xp = array_module(a, b)
+        shape = np.broadcast_shapes(ea.shape, eb.shape)
+        res = xp.empty([shape[order.index(c)] for c in out], dtype=xp.result_type(a, b))
+        # in slabs along the index earliest in both orders, each made in the operands' order, then placed
+        cut_at = min(out, key=lambda c: (order.index(c) + out.index(c), order.index(c)))
+        axis, at, perm = order.index(cut_at), out.index(cut_at), [order.index(c) for c in out]
+        rows = max(1, PRODUCT_PIECE // max(1, math.prod(shape) // max(1, shape[axis])))
+        for lo in range(0, shape[axis], rows):
+            cut = (slice(None),) * axis + (slice(lo, lo + rows),)
+            res[(slice(None),) * at + (slice(lo, lo + rows),)] = (
+                (ea if ea.shape[axis] == 1 else ea[cut]) * (eb if eb.shape[axis] == 1 else eb[cut])).transpose(perm)
+        return res
+    if not batch:
         # order the contracted indices as the larger operand stores them
         big, sbig = (a, sa) if a.size >= b.size else (b, sb)
         summed = [c for c in sbig if c in summed]
@@ -236,6 +253,8 @@ def _run_pairwise(subs, out, blocks, dtype, params):
             needed = out + "".join(s for s, _ in ops + group)
             batch = [c for c in sa if c in sb and c in needed]
             res = "".join(batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa])
+            if not ops and not group and sorted(res) == sorted(out):   # the last step: made in the result's order
+                res = out
             group.append((res, contract_pair(a, b, sa, sb, res)))
         ops += group
     (s, res), = ops
