@@ -788,3 +788,11 @@ def test_an_outer_product_step_makes_its_result_c_ordered():
     for got in (K.contract_group(("dbe", "ea"), "bead", a, b), K.contract_pair(a, b, "dbe", "ea", "bead")):
         assert got.flags.c_contiguous
         np.testing.assert_allclose(got, np.einsum("dbe,ea->bead", a, b))
+    for i in (1, 2, 64):                 # and nothing of the result's size besides it, whatever the shapes
+        a, b = rng.random((i, 64)), rng.random((64, 64))
+        tracemalloc.start()
+        got = K.contract_pair(a, b, "ij", "kl", "ikjl")
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert got.flags.c_contiguous and peak <= got.nbytes + 2**18, (i, peak, got.nbytes)
+        np.testing.assert_allclose(got, np.einsum("ij,kl->ikjl", a, b))

@@ -24,7 +24,6 @@ True
 'MTTKRP to (k)'
 """
 from functools import lru_cache
-import math
 
 import numpy as np
 
@@ -63,10 +62,6 @@ def unary(a, sub, out):
 
 
 
-#: Elements of an outer product's slab, made before it is placed (within ``peak.SLACK``).
-PRODUCT_PIECE = 1 << 16
-
-
 def contract_pair(a, b, sa, sb, out):
     """Binary step ``einsum(sa,sb->out)`` through BLAS where it applies.
 
@@ -89,14 +84,7 @@ def contract_pair(a, b, sa, sb, out):
         xp = array_module(a, b)
         shape = np.broadcast_shapes(ea.shape, eb.shape)
         res = xp.empty([shape[order.index(c)] for c in out], dtype=xp.result_type(a, b))
-        # in slabs along the index earliest in both orders, each made in the operands' order, then placed
-        cut_at = min(out, key=lambda c: (order.index(c) + out.index(c), order.index(c)))
-        axis, at, perm = order.index(cut_at), out.index(cut_at), [order.index(c) for c in out]
-        rows = max(1, PRODUCT_PIECE // max(1, math.prod(shape) // max(1, shape[axis])))
-        for lo in range(0, shape[axis], rows):
-            cut = (slice(None),) * axis + (slice(lo, lo + rows),)
-            res[(slice(None),) * at + (slice(lo, lo + rows),)] = (
-                (ea if ea.shape[axis] == 1 else ea[cut]) * (eb if eb.shape[axis] == 1 else eb[cut])).transpose(perm)
+        xp.multiply(ea, eb, out=res.transpose([out.index(c) for c in order]))   # (seen in the operands' order)
         return res
     if not batch:
         # order the contracted indices as the larger operand stores them
