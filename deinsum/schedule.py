@@ -40,7 +40,7 @@ class Communicator:
     pre-pass (``group`` None).
 
     >>> Communicator((2, 3), (1,), group=0).name, Communicator((2, 3, 2), (0, 2)).name
-    ('grid0_sum', 'grid2x3x2_sum')
+    ('grid0_sum', 'prepass2x3x2_sum')
     """
 
     grid: tuple[int, ...] = ()
@@ -54,11 +54,11 @@ class Communicator:
 
     @property
     def name(self) -> str:
-        """``world``, or ``grid<g>_sum`` (``grid<dims>_sum`` for a pre-pass's grid): the ranks of that grid that
+        """``world``, or ``grid<g>_sum`` (``prepass<dims>_sum`` for a pre-pass's grid): the ranks of that grid that
         hold partial sums of one block."""
         if self.world:
             return "world"
-        return f"grid{'x'.join(map(str, self.grid)) if self.group is None else self.group}_sum"
+        return f"grid{self.group}_sum" if self.group is not None else f"prepass{'x'.join(map(str, self.grid))}_sum"
 
 
 WORLD = Communicator()
