@@ -76,11 +76,10 @@ def contract_pair(a, b, sa, sb, out):
     free_b = [c for c in sb if c not in sa]
     if not summed:
         order = batch + free_a + free_b
-        ta, tb = a.transpose([sa.index(c) for c in batch + free_a]), b.transpose([sb.index(c) for c in batch + free_b])
-        ea = np.expand_dims(ta, tuple(range(len(batch) + len(free_a), len(order))))
-        eb = np.expand_dims(tb, tuple(range(len(batch), len(batch) + len(free_a))))
-        if order == list(out) and ta.flags.c_contiguous and tb.flags.c_contiguous:
-            return ea * eb
+        ea = np.expand_dims(a.transpose([sa.index(c) for c in batch + free_a]),
+                            tuple(range(len(batch) + len(free_a), len(order))))
+        eb = np.expand_dims(b.transpose([sb.index(c) for c in batch + free_b]),
+                            tuple(range(len(batch), len(batch) + len(free_a))))
         xp = array_module(a, b)
         shape = np.broadcast_shapes(ea.shape, eb.shape)
         res = xp.empty([shape[order.index(c)] for c in out], dtype=xp.result_type(a, b))
