@@ -7,6 +7,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# The tests start some 400 processes (MPI ranks, scripts) next to two workers on a few cores: one BLAS and OpenMP
+# thread each, as ``threads='auto'`` pins ranks that share a node's cores, so that no library starts idle threads
+# that spin (OpenBLAS's cost 0.09 s of CPU per process at its import here). Set before numpy is imported here; every
+# process the tests start inherits it.
+for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
+
 import deinsum
 from deinsum.runtime import blas as _blas
 

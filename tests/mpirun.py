@@ -5,7 +5,6 @@ The ``mpiexec`` used is the one next to ``sys.executable`` (installed by the
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -43,10 +42,9 @@ def run_mpi(nprocs: int, code: str, *args: str, tmp_path: Path, timeout: float =
 
 def run_mpi_script(nprocs: int, script: Path, *args: str, timeout: float = 120.0) -> MPIResult:
     """Run an existing script file on ``nprocs`` ranks with a timeout."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     cmd = [MPIEXEC, "-n", str(nprocs), sys.executable, "-m", "mpi4py", str(script), *args]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"mpiexec -n {nprocs} {script.name} timed out after {timeout}s\n"
                              f"stdout: {exc.stdout}\nstderr: {exc.stderr}") from None

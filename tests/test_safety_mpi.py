@@ -333,10 +333,9 @@ def test_complex_inputs_to_a_float64_program_raise(tmp_path):
 
 # ---- rows 7 and 8: output paths and bad .npy files in emitted scripts, with and without -m mpi4py -----
 def _script_run(script, *args, mpi4py=True, timeout=90):
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     cmd = [MPIEXEC, "-n", "2", sys.executable] + (["-m", "mpi4py"] if mpi4py else []) + [str(script), *args]
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise AssertionError(f"hang: {shlex.join(cmd)}") from None
 

@@ -142,7 +142,7 @@ def test_emitted_script_refuses_an_empty_save_path_or_a_fifo(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     for target, message in [("", "output '' is an empty path"), (tmp_path / "fifo", "is a FIFO")]:
         res = subprocess.run([sys.executable, str(script), "--save", str(target)], capture_output=True, text=True,
-                             timeout=60, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                             timeout=60)
         assert res.returncode == 2 and message in res.stderr, res.stderr
         assert len(res.stderr.strip().splitlines()) == 1 and "total" not in res.stdout
     assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
@@ -154,6 +154,6 @@ def test_validate_counts_matching_nan_and_infinities_as_equal(tmp_path):
     np.save(tmp_path / "b.npy", np.array([[1.0, 0.0], [0.0, 1.0]]))
     res = subprocess.run([sys.executable, str(script), "--validate", "--load", str(tmp_path / "a.npy"),
                           str(tmp_path / "b.npy")], capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="error"))
+                         env=dict(os.environ, PYTHONWARNINGS="error"))
     assert res.returncode == 0 and "validate: OK (max abs error 0)" in res.stdout, res.stdout + res.stderr
     assert "Warning" not in res.stderr, res.stderr
