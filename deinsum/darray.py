@@ -110,6 +110,21 @@ def _agreed_blocks(comm, local, default, what: str) -> tuple:
     return (None if local is None else local.astype(dtype, copy=False)), dtype
 
 
+def _sum_of_squares(block: np.ndarray, chunk: int = 1 << 16) -> float:
+    """``sum(|x|^2)`` of ``block``: float32 and wider in their own type (numpy's precision), narrower types and
+    integers in float64, ``chunk`` elements converted at a time (their squares would wrap or overflow).
+
+    >>> _sum_of_squares(np.full(5, 200, np.uint8)), _sum_of_squares(np.full(3, 300, np.float16))
+    (200000.0, 270000.0)
+    """
+    flat = block.reshape(-1)
+    if flat.dtype.kind in "fc" and flat.dtype.itemsize >= 4:
+        return float(np.vdot(flat, flat).real)
+    wide = np.complex128 if flat.dtype.kind == "c" else np.float64
+    return math.fsum(float(np.vdot(part, part).real)
+                     for part in (flat[n:n + chunk].astype(wide) for n in range(0, flat.size, chunk)))
+
+
 class DistributedArray(NumpyProtocols):
     """This rank's ``local`` block (None where it holds nothing) of a global tensor laid out by ``layout``
     on ``comm``. Build one with :meth:`from_global`, :meth:`scatter`, :meth:`from_blocks` or :meth:`full` (also empty);
@@ -394,10 +409,10 @@ class DistributedArray(NumpyProtocols):
         return self._allreduce(part)[()]
 
     def norm(self) -> float:
-        """The Frobenius norm, on every rank."""
-        part = np.zeros((), dtype=np.float64)     # accumulated in float64 whatever the dtype
+        """The Frobenius norm, on every rank (the ranks' parts added in float64)."""
+        part = np.zeros((), dtype=np.float64)
         if self.owns:
-            part[()] = np.vdot(self.local, self.local).real
+            part[()] = _sum_of_squares(self.local)
         return float(np.sqrt(self._allreduce(part)))
 
     def map_blocks(self, function: Callable[[np.ndarray], np.ndarray]) -> DistributedArray:

@@ -116,6 +116,7 @@ check("einsum", "dtype", lambda: np.einsum("ij,jk->ik", dist(A, 0), W, dtype=np.
 # ---- reductions and transposes on blocks ------------------------------------------------------------------
 I = rng.integers(-5, 5, (6, 4, 5)).astype(np.int32)
 F = X.astype(np.float32)
+U8 = rng.integers(0, 256, (6, 4, 5)).astype(np.uint8)
 AXES = [None, 0, -1, (0, 2), 1, (2, 0)]
 for k in range(6):
     x, i, s = dist(X, k), dist(I, k + 1), dist(A[:5], k)
@@ -135,7 +136,8 @@ for k in range(6):
     one_of("norm", k, ("3d", lambda: np.linalg.norm(x), np.linalg.norm(X)),
            ("fro", lambda: np.linalg.norm(dist(Z, k), "fro"), np.linalg.norm(Z, "fro")),
            ("vector", lambda: np.linalg.norm(dist(W[0], k), ord=2, axis=0), np.linalg.norm(W[0], ord=2, axis=0)),
-           ("float32-", lambda: np.linalg.norm(dist(F, k)), np.linalg.norm(F)))
+           ("float32-", lambda: np.linalg.norm(dist(F, k)), np.linalg.norm(F)),
+           ("uint8-", lambda: np.linalg.norm(dist(U8, k)), np.linalg.norm(U8)))   # squares that wrap in uint8
 
 # ---- elementwise --------------------------------------------------------------------------------------------
 Y = real(7, 5, 4)
