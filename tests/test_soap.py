@@ -17,7 +17,8 @@ from deinsum.decompose import Step, decompose
 from deinsum.errors import DeinsumError
 from deinsum.soap import (P, S, X, Statement, analyze, numeric_bound, numeric_chi, parallel_bound, partitions,
                           size_symbol, symbolic_bound, valid_groups)
-from deinsum.soap.statement import structure
+from deinsum.soap.numeric import Problem
+from deinsum.soap.statement import Structure, structure
 from deinsum.soap.symbolic import _solve
 from suite import SUITE
 
@@ -372,3 +373,20 @@ def test_a_weighted_footprint_does_not_depend_on_what_was_solved_before_it():
     for w in (0.3, 0.01, 0.7):
         weighted_footprint(terms, (1.0, w, 1.0, 0.5), sizes, "ijka", points)
     assert weighted_footprint(terms, (1.0, 1.0, 1.0, 1.0), sizes, "ijka", points) == first
+
+
+def test_a_warm_solve_puts_a_class_within_rounding_of_its_bound_on_it():
+    """TTMc's weighted footprint (a 240^5 x 96^4 box, X weighted 0.0123) from the warm start the weight search
+    left (``deinsum bound`` of TTMc-O5 at P = 512): a free class 6e-14 under its bound failed Armijo's test on
+    rounding at every step, and the solve spent its 500 iterations there, returning a footprint 1.4e-5 above the
+    least: a lower bound too high. It now puts the class on its bound and reaches a cold start's least."""
+    shape = Structure(("i", "j", "k", "l", "m", "d", "b", "c", "e"),
+                      ((0, 1, 2, 3, 4), (3, 5), (1, 6), (2, 7), (4, 8), (0, 5, 6, 7, 8)),
+                      (0.012341165745023787, 1, 1, 1, 1, 1), 0)
+    pb, total = Problem(shape, np.array([math.log(240)] * 5 + [math.log(96)] * 4)), 39.486801591179315
+    start = (np.array([0.0, 5.307352206326551, 5.369633063576034, 5.480638923341991, 5.307352206327086,
+                       4.391061474452762, 4.564348191467836, 4.502067334219215, 4.564348191467836]),
+             np.array([True, False, False, True, False, False, True, False, True]))
+    warm = {(shape.classes, shape.terms, tuple(pb.hi), total): start}
+    least, _ = pb.tile_for(total)
+    assert pb.tile_for(total, warm)[0] == pytest.approx(least, rel=1e-13)

@@ -133,7 +133,24 @@ class Problem:
                 K[:k, k] = K[k, :k] = 1.0
                 d[free] = np.linalg.solve(K, np.concatenate([-grad[free], [0.0]]))[:k]
             decrement, F = -(grad @ d), s.sum()
-            if decrement <= 1e-15 * F:                         # optimal on this face: free a bound the
+            y_new = None
+            if decrement > 1e-15 * F:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    room = np.where(fixed, np.inf, np.where(d > 0, (hi - y) / d, np.where(d < 0, -y / d, np.inf)))
+                least = room.min()
+                step = min(1.0, least)
+                if least * np.abs(d).max() <= 1e-12:           # a class on its bound but for rounding: there
+                    y_new = y + step * d
+                else:
+                    while True:                                # backtracking (Armijo)
+                        y_new = y + step * d
+                        if np.exp(A @ y_new + logm).sum() <= F - 1e-4 * step * decrement:
+                            break
+                        step *= 0.5
+                        if step < 1e-14:                       # no step lowers F at this precision
+                            y_new = None
+                            break
+            if y_new is None:                                  # optimal on this face: free a bound the
                 nu = grad[free].mean() if k else 0.0           # multipliers reject, else done
                 price = np.where(y <= 0, grad - nu, nu - grad)
                 wrong = fixed & (hi > 0) & (price < -1e-12 * abs(nu))
@@ -143,16 +160,6 @@ class Problem:
                     return y
                 fixed[np.argmin(np.where(wrong, price, np.inf))] = False
                 continue
-            with np.errstate(divide="ignore", invalid="ignore"):
-                room = np.where(fixed, np.inf, np.where(d > 0, (hi - y) / d, np.where(d < 0, -y / d, np.inf)))
-            least = room.min()
-            step = min(1.0, least)
-            while True:                                        # backtracking (Armijo)
-                y_new = y + step * d
-                s_new = np.exp(A @ y_new + logm)
-                if s_new.sum() <= F - 1e-4 * step * decrement or step < 1e-14:
-                    break
-                step *= 0.5
             if step >= least:                                  # a bound stops the step: the class stays on it
                 hit = int(np.argmin(room))
                 y_new[hit], fixed[hit] = (hi[hit] if d[hit] > 0 else 0.0), True
