@@ -390,3 +390,21 @@ def test_a_warm_solve_puts_a_class_within_rounding_of_its_bound_on_it():
     warm = {(shape.classes, shape.terms, tuple(pb.hi), total): start}
     least, _ = pb.tile_for(total)
     assert pb.tile_for(total, warm)[0] == pytest.approx(least, rel=1e-13)
+
+
+def test_a_freed_class_that_goes_straight_back_ends_the_solve(monkeypatch):
+    """TTMc's weighted footprint at the tests' sizes with X and the result weighted near 0 (a flat Hessian): a
+    class on its bound had a multiplier of -1e-8 (rounding), the Newton step after freeing it went straight back
+    through that bound, and the solve went to and fro for its 500 iterations (18 solves of the planning tests
+    did). It now stops there, at a cold start's least, in a few iterations."""
+    shape = Structure(("im", "j", "k", "l", "b", "d", "c"), ((0, 1, 2, 3), (1, 4), (3, 5), (2, 6), (0, 4, 5, 6)),
+                      (1.000000000000001e-12, 1, 1, 1, 5.6334754363671196e-11), 0)
+    pb = Problem(shape, np.array([2.70805020110221] + [math.log(n) for n in (4, 3, 4, 2, 2, 3)]))
+    total = 8.147867129923947
+    start = (np.array(list(pb.hi[:4]) + [0.42697794729531413, 0.42697795087143625, 0.714660019747096]),
+             np.array([True] * 4 + [False] * 3))
+    warm = {(shape.classes, shape.terms, tuple(pb.hi), total): start}
+    least, _ = pb.tile_for(total)
+    solve, steps = np.linalg.solve, []
+    monkeypatch.setattr(np.linalg, "solve", lambda *args: steps.append(1) or solve(*args))
+    assert pb.tile_for(total, warm)[0] == pytest.approx(least, rel=1e-13) and len(steps) < 50, len(steps)

@@ -122,7 +122,7 @@ class Problem:
         key = None if warm is None else (self.st.classes, self.st.terms, tuple(hi), total)
         if warm and key in warm:                               # the same box with other weights: start at its tile
             y, fixed = (a.copy() for a in warm[key])
-        s = np.exp(A @ y + logm)
+        s, freed = np.exp(A @ y + logm), None
         for _ in range(500):
             grad, free = A.T @ s, np.flatnonzero(~fixed)
             d, k = np.zeros(self.n), len(free)
@@ -155,16 +155,22 @@ class Problem:
                 price = np.where(y <= 0, grad - nu, nu - grad)
                 wrong = fixed & (hi > 0) & (price < -1e-12 * abs(nu))
                 if not wrong.any():
-                    if warm is not None:
-                        warm[key] = (y, fixed)
-                    return y
-                fixed[np.argmin(np.where(wrong, price, np.inf))] = False
+                    break
+                freed = int(np.argmin(np.where(wrong, price, np.inf)))
+                fixed[freed] = False
                 continue
             if step >= least:                                  # a bound stops the step: the class stays on it
                 hit = int(np.argmin(room))
-                y_new[hit], fixed[hit] = (hi[hit] if d[hit] > 0 else 0.0), True
-            y = np.clip(y_new, 0.0, hi)
+                fixed[hit] = True
+                if hit == freed and step == 0:                 # the class just freed goes straight back: its
+                    break                                      # multiplier's sign was rounding (a flat H)
+                y_new[hit] = hi[hit] if d[hit] > 0 else 0.0
+            y, freed = np.clip(y_new, 0.0, hi), None
             s = np.exp(A @ y + logm)
+        else:
+            return y
+        if warm is not None:
+            warm[key] = (y, fixed)
         return y
 
     def _solve(self, h, scale: float) -> tuple[float, np.ndarray]:
