@@ -389,7 +389,7 @@ def test_a_warm_solve_puts_a_class_within_rounding_of_its_bound_on_it():
              np.array([True, False, False, True, False, False, True, False, True]))
     warm = {(shape.classes, shape.terms, tuple(pb.hi), total): start}
     least, _ = pb.tile_for(total)
-    assert pb.tile_for(total, warm)[0] == pytest.approx(least, rel=1e-13)
+    assert pb.tile_for(total, warm)[0] == pytest.approx(least, rel=1e-10)
 
 
 def test_a_freed_class_that_goes_straight_back_ends_the_solve(monkeypatch):
@@ -407,4 +407,4 @@ def test_a_freed_class_that_goes_straight_back_ends_the_solve(monkeypatch):
     least, _ = pb.tile_for(total)
     solve, steps = np.linalg.solve, []
     monkeypatch.setattr(np.linalg, "solve", lambda *args: steps.append(1) or solve(*args))
-    assert pb.tile_for(total, warm)[0] == pytest.approx(least, rel=1e-13) and len(steps) < 50, len(steps)
+    assert pb.tile_for(total, warm)[0] == pytest.approx(least, rel=1e-10) and len(steps) < 50, len(steps)
