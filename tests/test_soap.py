@@ -408,3 +408,25 @@ def test_a_freed_class_that_goes_straight_back_ends_the_solve(monkeypatch):
     solve, steps = np.linalg.solve, []
     monkeypatch.setattr(np.linalg, "solve", lambda *args: steps.append(1) or solve(*args))
     assert pb.tile_for(total, warm)[0] == pytest.approx(least, rel=1e-10) and len(steps) < 50, len(steps)
+
+
+@pytest.mark.xfail(strict=True, reason="open: a backtracking step that rounding makes pass Armijo's test without "
+                                       "lowering F; requiring a strict decrease moved 186-646 other solves by up to "
+                                       "8e-7, so it is not fixed yet")
+def test_a_step_whose_decrease_rounding_hides_is_no_step():
+    """A warm start on a wrong face with terms weighted near 0 (found by a reviewer's random search, not yet seen
+    from the weight search itself): the Newton decrement is just above its threshold, backtracking reaches
+    steps where ``F - 1e-4 step decrement`` rounds to ``F``, and the Armijo test passes steps that lower
+    nothing, for 500 iterations, never reaching the multipliers' check: the footprint comes out 236x the least."""
+    shape = Structure(tuple(f"c{j}" for j in range(7)),
+                      ((0, 2, 6), (0, 3, 4, 6), (0, 1, 2, 3, 4), (0, 1, 2, 3), (1, 3, 4, 6), (1, 3, 5), (1, 3, 5)),
+                      (2.9983240681593025e-13, 0.3187991242694637, 1.0, 1.007163894730632, 3.5467486333442293e-12,
+                       7.911613189473814e-11, 1.3907256782598296e-13), 0)
+    pb = Problem(shape, np.array([4.804021044733257, 5.351858133476067, 3.6888794541139363, 4.8283137373023015,
+                                  5.327876168789581, 5.313205979041787, 5.545177444479562]))
+    total = 21.521846482916093
+    start = (np.array([4.804021044733257, 3.829441641253409, 3.3309187055565403, 2.497508061215052,
+                       3.075736194932355, 3.9842208352254773, 0.0]), np.array([True] + [False] * 5 + [True]))
+    warm = {(shape.classes, shape.terms, tuple(pb.hi), total): start}
+    least, _ = pb.tile_for(total)
+    assert pb.tile_for(total, warm)[0] == pytest.approx(least, rel=1e-10)
