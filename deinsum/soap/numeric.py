@@ -134,8 +134,8 @@ class Problem:
                 K[:k, k] = K[k, :k] = 1.0
                 d[free] = np.linalg.solve(K, np.concatenate([-grad[free], [0.0]]))[:k]
             decrement, F = -(grad @ d), s.sum()
-            y_new = None
-            if decrement > 1e-15 * F:
+            y_new = None                                       # (optimal on a face once what a step can
+            if decrement > 1e-14 * F:                          # still gain, decrement / 2, is F's rounding)
                 with np.errstate(divide="ignore", invalid="ignore"):
                     room = np.where(fixed, np.inf, np.where(d > 0, (hi - y) / d, np.where(d < 0, -y / d, np.inf)))
                 least = room.min()
