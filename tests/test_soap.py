@@ -375,6 +375,13 @@ def test_a_weighted_footprint_does_not_depend_on_what_was_solved_before_it():
     assert weighted_footprint(terms, (1.0, 1.0, 1.0, 1.0), sizes, "ijka", points) == first
 
 
+def warm_and_cold(shape, hi, total, start):
+    """The problem of ``shape`` in the box ``hi``, a warm store (as ``weighted_footprint`` keeps one) holding
+    ``start`` (tile, fixed classes) for ``total``, and a cold start's least footprint."""
+    pb = Problem(shape, np.asarray(hi, dtype=float))
+    return pb, {(shape.classes, shape.terms, tuple(pb.hi), total): start}, pb.tile_for(total)[0]
+
+
 def test_a_warm_solve_puts_a_class_within_rounding_of_its_bound_on_it():
     """TTMc's weighted footprint (a 240^5 x 96^4 box, X weighted 0.0123) from the warm start the weight search
     left (``deinsum bound`` of TTMc-O5 at P = 512): a free class 6e-14 under its bound failed Armijo's test on
@@ -383,12 +390,11 @@ def test_a_warm_solve_puts_a_class_within_rounding_of_its_bound_on_it():
     shape = Structure(("i", "j", "k", "l", "m", "d", "b", "c", "e"),
                       ((0, 1, 2, 3, 4), (3, 5), (1, 6), (2, 7), (4, 8), (0, 5, 6, 7, 8)),
                       (0.012341165745023787, 1, 1, 1, 1, 1), 0)
-    pb, total = Problem(shape, np.array([math.log(240)] * 5 + [math.log(96)] * 4)), 39.486801591179315
     start = (np.array([0.0, 5.307352206326551, 5.369633063576034, 5.480638923341991, 5.307352206327086,
                        4.391061474452762, 4.564348191467836, 4.502067334219215, 4.564348191467836]),
              np.array([True, False, False, True, False, False, True, False, True]))
-    warm = {(shape.classes, shape.terms, tuple(pb.hi), total): start}
-    least, _ = pb.tile_for(total)
+    total = 39.486801591179315
+    pb, warm, least = warm_and_cold(shape, [math.log(240)] * 5 + [math.log(96)] * 4, total, start)
     assert pb.tile_for(total, warm)[0] == pytest.approx(least, rel=1e-10)
 
 
@@ -399,12 +405,10 @@ def test_a_freed_class_that_goes_straight_back_ends_the_solve(monkeypatch):
     did). It now stops there, at a cold start's least, in a few iterations."""
     shape = Structure(("im", "j", "k", "l", "b", "d", "c"), ((0, 1, 2, 3), (1, 4), (3, 5), (2, 6), (0, 4, 5, 6)),
                       (1.000000000000001e-12, 1, 1, 1, 5.6334754363671196e-11), 0)
-    pb = Problem(shape, np.array([2.70805020110221] + [math.log(n) for n in (4, 3, 4, 2, 2, 3)]))
-    total = 8.147867129923947
-    start = (np.array(list(pb.hi[:4]) + [0.42697794729531413, 0.42697795087143625, 0.714660019747096]),
+    hi, total = [2.70805020110221] + [math.log(n) for n in (4, 3, 4, 2, 2, 3)], 8.147867129923947
+    start = (np.array(hi[:4] + [0.42697794729531413, 0.42697795087143625, 0.714660019747096]),
              np.array([True] * 4 + [False] * 3))
-    warm = {(shape.classes, shape.terms, tuple(pb.hi), total): start}
-    least, _ = pb.tile_for(total)
+    pb, warm, least = warm_and_cold(shape, hi, total, start)
     solve, steps = np.linalg.solve, []
     monkeypatch.setattr(np.linalg, "solve", lambda *args: steps.append(1) or solve(*args))
     assert pb.tile_for(total, warm)[0] == pytest.approx(least, rel=1e-10) and len(steps) < 50, len(steps)
@@ -420,11 +424,10 @@ def test_a_step_whose_decrease_rounding_hides_is_no_step():
                       ((0, 2, 6), (0, 3, 4, 6), (0, 1, 2, 3, 4), (0, 1, 2, 3), (1, 3, 4, 6), (1, 3, 5), (1, 3, 5)),
                       (2.9983240681593025e-13, 0.3187991242694637, 1.0, 1.007163894730632, 3.5467486333442293e-12,
                        7.911613189473814e-11, 1.3907256782598296e-13), 0)
-    pb = Problem(shape, np.array([4.804021044733257, 5.351858133476067, 3.6888794541139363, 4.8283137373023015,
-                                  5.327876168789581, 5.313205979041787, 5.545177444479562]))
-    total = 21.521846482916093
+    hi = [4.804021044733257, 5.351858133476067, 3.6888794541139363, 4.8283137373023015, 5.327876168789581,
+          5.313205979041787, 5.545177444479562]
     start = (np.array([4.804021044733257, 3.829441641253409, 3.3309187055565403, 2.497508061215052,
                        3.075736194932355, 3.9842208352254773, 0.0]), np.array([True] + [False] * 5 + [True]))
-    warm = {(shape.classes, shape.terms, tuple(pb.hi), total): start}
-    least, _ = pb.tile_for(total)
+    total = 21.521846482916093
+    pb, warm, least = warm_and_cold(shape, hi, total, start)
     assert pb.tile_for(total, warm)[0] == pytest.approx(least, rel=1e-10)
