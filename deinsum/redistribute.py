@@ -18,7 +18,7 @@ that module, not this one), and move exactly what the model says.
 >>> plan.words_received
 (24, 24, 24, 24)
 >>> print(plan)
-redistribute 8x4 on 4 ranks, grid (4, 1) -> (4,): direct (MPI_Allgatherv); received max 24 words/rank, total 96; sent max 24
+redistribute 8x4 on 4 ranks, grid (4, 1) -> (4,): direct (MPI_Allgather); received max 24 words/rank, total 96; sent max 24
 """
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def sent_words(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | N
     check_pair(src, dst, nprocs)
     sent = np.zeros(nprocs, dtype=np.int64)
     for (a, b), kind in zip(phases(src, dst, nprocs, split), collectives(src, dst, nprocs, split, rounds)):
-        if kind == "allgather":   # as many words as it receives (a reduce-scatter sends what the Alltoallw would)
+        if kind in ("allgather", "allgatherv"):   # as many words as it receives (a reduce-scatter: the Alltoallw's)
             sent += _direct_words(a, b)
             continue
         if kind in ("allreduce", "reduce"):

@@ -6,7 +6,7 @@ collective it amounts to (:func:`classify`, a pure function of the layouts)
 and the :class:`Communicator` it runs on: every rank (``world``), or the
 ``Cart_sub`` of a group's grid that holds the partial sums of one block.
 A step whose blocks are regular runs MPI's collective of its name (``Allreduce``,
-``Allgatherv``, ``Reduce_scatter``: :func:`deinsum.tables.collectives`), every
+``Allgather(v)``, ``Reduce_scatter``: :func:`deinsum.tables.collectives`), every
 other one a subarray ``Alltoallw``, a ``slice`` none: ``Exchange.mpi`` says which.
 
 >>> from deinsum.layout import Layout
@@ -15,7 +15,7 @@ other one a subarray ``Alltoallw``, a ``slice`` none: ``Exchange.mpi`` says whic
 >>> partial = Layout((8,), grid=(1, 4), axes=(0,), partial=(1,))
 >>> move = Move("t0", "reduce", partial, Layout.replicated((8,), 4), 4, group=0)
 >>> [(e.kind, e.comm.name, e.mpi) for e in move.exchanges]     # an allreduce as reduce-scatter + all-gather
-[('reduce_scatter', 'grid0_sum', 'Reduce_scatter'), ('allgather', 'world', 'Allgatherv')]
+[('reduce_scatter', 'grid0_sum', 'Reduce_scatter'), ('allgather', 'world', 'Allgather')]
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ __all__ = ["COLLECTIVES", "Holdings", "check_pair", "check_rank", "check_rounds"
            "reduction_words", "scattered", "table_words"]
 
 
-COLLECTIVES = {"allreduce": "Allreduce", "reduce": "Reduce", "allgather": "Allgatherv",
+COLLECTIVES = {"allreduce": "Allreduce", "reduce": "Reduce", "allgather": "Allgather", "allgatherv": "Allgatherv",
                "reduce_scatter": "Reduce_scatter"}
 
 
@@ -162,12 +162,18 @@ def native_reduction(src: Layout, dst: Layout, nprocs: int) -> str | None:
     return "reduce" if on_one_rank(dst) and steps < src.n_summands else None
 
 
-def _gatherable(held: Holdings, shape: tuple) -> bool:
-    """Whether the held blocks all have one shape, none empty, each :func:`contiguous` in ``shape`` (MPICH's
-    all-gather of strided blocks ran 2.5-2.8x slower than the ``Alltoallw``: scripts/bench_collectives.py)."""
+def _gather_kind(held: Holdings, shape: tuple) -> str | None:
+    """``allgather`` where every rank holds a block of one shape, none empty, each :func:`contiguous` in
+    ``shape`` and rank ``q``'s ``q`` blocks into it (what ``MPI_Allgather`` places), ``allgatherv`` where such
+    blocks are held by some ranks only or lie in another order, else None (MPICH's all-gather of strided blocks
+    ran 2.5-2.8x slower than the ``Alltoallw``: scripts/bench_collectives.py)."""
     extents = (held.hi - held.lo)[held.held]
-    return bool(len(extents) and (extents > 0).all() and (extents == extents[0]).all()
-                and contiguous(tuple(extents[0].tolist()), shape))
+    if not (len(extents) and (extents > 0).all() and (extents == extents[0]).all()
+            and contiguous(tuple(extents[0].tolist()), shape)):
+        return None
+    strides = np.array([math.prod(shape[k + 1:]) for k in range(len(shape))], dtype=np.int64)
+    in_order = held.held.all() and (held.lo @ strides == np.arange(held.held.size) * extents[0].prod()).all()
+    return "allgather" if in_order else "allgatherv"
 
 
 def collectives(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | None = None,
@@ -175,7 +181,8 @@ def collectives(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | 
     """The collective (a key of :data:`COLLECTIVES`) each phase of the move from ``src`` to ``dst`` runs, None
     where it runs one ``Alltoallw`` (``split``, ``rounds`` as in :func:`rank_tables`): ``allreduce`` or
     ``reduce`` for a direct move :func:`native_reduction` takes (each phase); ``allgather`` for distinct contiguous
-    blocks of one shape to every rank at once; ``reduce_scatter`` for the first phase of a move through a
+    blocks of one shape to every rank at once, one per rank in rank order (``allgatherv`` where some rank holds
+    none or they lie in another order); ``reduce_scatter`` for the first phase of a move through a
     reduce-scatter of distinct blocks (on the ranks holding one block's summands).
 
     >>> scalar = Layout((), (4,), (), (0,))                            # a scalar's partial sums
@@ -185,6 +192,8 @@ def collectives(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | 
     >>> collectives(Layout((8, 4), (4,), (0, None)), Layout.replicated((8, 4), 4), 4), collectives(
     ...     rows, Layout.replicated((7, 4), 4), 4)
     (('allgather',), (None,))
+    >>> collectives(Layout((8, 4), (4,), (0, None)), Layout.replicated((8, 4), 5), 5)   # rank 4 holds none
+    ('allgatherv',)
     """
     count = rounds[1] if rounds else 1 if split is None else 2
     reduction = native_reduction(src, dst, nprocs) if split is None else None
@@ -194,10 +203,9 @@ def collectives(src: Layout, dst: Layout, nprocs: int, split: tuple[int, ...] | 
         return (None,) * count
     if split is not None:
         middle = phases(src, dst, nprocs, split)[1][0]
-        return "reduce_scatter", ("allgather" if everywhere(dst, nprocs) and _gatherable(middle, src.shape) else None)
-    gather = (not src.partial and not on_one_rank(src) and everywhere(dst, nprocs)
-              and _gatherable(_every(src, nprocs), src.shape))
-    return ("allgather" if gather else None,)
+        return "reduce_scatter", (_gather_kind(middle, src.shape) if everywhere(dst, nprocs) else None)
+    gather = not src.partial and not on_one_rank(src) and everywhere(dst, nprocs)
+    return (_gather_kind(_every(src, nprocs), src.shape) if gather else None,)
 
 
 def contiguous(subsizes, shape) -> bool:
@@ -278,7 +286,7 @@ def _native_phase(kind: str, src: Holdings, dst: Holdings, rank: int, nprocs: in
         sent, received = (int(w[0]) for w in reduction_words(kind, math.prod(extent(dst, 0)), nprocs, [rank]))
         return int(in_held), extent(src, rank) if in_held else (), int(out_held), extent(dst, 0), kind, pieces, (
             sent, received)
-    if kind == "allgather":  # every block but its own comes, and as many words leave
+    if kind in ("allgather", "allgatherv"):  # every block but its own comes, and as many words leave
         pieces = tuple((q, at(src, q, dst), extent(src, q)) for q in np.flatnonzero(src.held).tolist())
         sent = received = math.prod(extent(dst, rank)) - (math.prod(extent(src, rank)) if in_held else 0)
     else:   # reduce_scatter: the pieces of this rank's block; its own, summed, from every other summand

@@ -27,7 +27,9 @@ def collective(tables, blocks):
                 for peer, starts, subsizes in theirs:
                     assert peer == r
                     out += blocks[r][box(starts, subsizes)]
-        elif kind == "allgather":
+        elif kind in ("allgather", "allgatherv"):   # an allgather's blocks: one per rank, in rank order
+            assert kind == "allgatherv" or [(p, np.ravel_multi_index(s, out_shape)) for p, s, _ in pieces] == [
+                (r, r * blocks[r].size) for r in range(len(tables))]
             for peer, starts, subsizes in pieces:
                 assert blocks[peer].shape == subsizes
                 out[box(starts, subsizes)] = blocks[peer]

@@ -89,13 +89,16 @@ for s, shape in enumerate(SHAPES):
         picked = run(plan_redistribution(Layout.replicated(shape, P), grids[1], P), x, dtype, "slice")
         assert grids[1].block(rank) is None or same(picked, x[grids[1].block(rank)])
 
-# 1b. row blocks all-gather (MPI_Allgatherv), column blocks (strided) run the Alltoallw
-for axis in (0, 1) if P > 1 else ():
-    shape = (3, 2 * P) if axis else (2 * P, 3)
-    move = plan_redistribution(Layout(shape, (P,), (None, 0) if axis else (0, None)), Layout.replicated(shape, P), P)
-    assert move.collectives == ((None,) if axis else ("allgather",)), move
+# 1b. row blocks all-gather (MPI_Allgather; MPI_Allgatherv where the last rank holds none), column blocks
+# (strided) run the Alltoallw
+for axis, holders in ((0, P), (1, P), (0, P - 1)) if P > 2 else ((0, P), (1, P)) if P > 1 else ():
+    shape = (3, 2 * holders) if axis else (2 * holders, 3)
+    move = plan_redistribution(Layout(shape, (holders,), (None, 0) if axis else (0, None)),
+                               Layout.replicated(shape, P), P)
+    assert move.collectives == ((None,) if axis else ("allgather",) if holders == P else ("allgatherv",)), move
     x = sample(shape, np.float64, seed=axis)
-    assert same(run(move, x[move.src.block(rank)], np.float64, "allgather"), x)
+    assert same(run(move, None if move.src.block(rank) is None else x[move.src.block(rank)], np.float64,
+                    "allgather"), x)
 
 # 1c. a transpose: every peer's piece has one shape, so the Transfer commits one datatype each way, however many
 # peers (placed by displacement; at P = 65,536 one move of TTMc-O5 had 104,446 peers' types)
