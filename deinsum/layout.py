@@ -440,9 +440,9 @@ def _kept_holdings(layout: Layout, ranks: bytes) -> tuple[np.ndarray, ...]:
     return layout._holdings(np.frombuffer(ranks, dtype=np.int64), _kept_boxes(layout, ranks))
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=2048)
 def _kept_boxes(layout: Layout, ranks: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_kept_holdings`' boxes alone."""
+    """:func:`_kept_holdings`' boxes alone (a plan with its bounds asks for up to 1,300: TTMc at P = 65,536)."""
     boxes = layout._boxes(layout._at(np.frombuffer(ranks, dtype=np.int64)))
     for a in boxes:
         a.flags.writeable = False

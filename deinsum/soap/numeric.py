@@ -267,15 +267,16 @@ def _root(f, a: float, b: float, xtol: float) -> float:
     return 0.5 * (a + b)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1024)
 def _rho(pb: Problem, S: float) -> tuple[float, float, np.ndarray]:
-    """:meth:`Problem.rho`, cached per (problem, S)."""
+    """:meth:`Problem.rho`, cached per (problem, S) (as many as :func:`_problem` keeps: an entry keeps its
+    problem alive, and a problem it no longer keeps is never asked for again; a plan asks for about 10)."""
     return pb.rho(S)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1024)
 def tile_for(pb: Problem, log_iterations: float) -> tuple[float, np.ndarray]:
-    """:meth:`Problem.tile_for`, cached per (problem, iterations)."""
+    """:meth:`Problem.tile_for`, cached per (problem, iterations) (as many as :func:`_rho`, for its reason)."""
     return pb.tile_for(log_iterations)
 
 
