@@ -2,15 +2,16 @@
 """Each move step that runs MPI's own collective, against the subarray Alltoallw it replaced, on this machine.
 
 Cases (float64): a scalar's partial sums on every rank reduced to every rank (Allreduce) or to rank 0 (Reduce);
-an all-gather of row blocks (contiguous) from every rank (Allgather) and from all ranks but the last
-(Allgatherv; none at P = 2, where one rank holds the whole); the two phases of an allreduce of 512 x 512
-partial sums (Reduce_scatter on the ranks holding them, then Allgather). Strided blocks (column blocks, say)
-run the Alltoallw (bench-results/collectives.md says why). For each, every rank builds the step's table twice
-(``rank_tables`` with and without ``mpi_collectives``) and both executors (``Collective``, ``Transfer``),
-checks they give the same block, runs each once untimed, then ``--repeat`` rounds, the two in a new seeded
-order each round (interleaved). A call's time is the slowest rank's (Barrier, Wtime, max over ranks). Prints
-medians [min, max] in microseconds and the ratio of the medians, with the conditions; ``--out`` appends the
-rows to a markdown file. Times move from one launch to the next (where the ranks land): run it more than once.
+an all-gather of row blocks (contiguous; n x n for n = 8, 64, 256: 512 B, 32 kB, 512 kB) from every rank
+(Allgather) and from all ranks but the last (Allgatherv; none at P = 2, where one rank holds the whole); the
+two phases of an allreduce of 512 x 512 partial sums (Reduce_scatter on the ranks holding them, then
+Allgather). Strided blocks (column blocks, say) run the Alltoallw (bench-results/collectives.md says why).
+For each, every rank builds the step's table twice (``rank_tables`` with and without ``mpi_collectives``) and
+both executors (``Collective``, ``Transfer``), checks they give the same block, runs each once untimed, then
+``--repeat`` rounds, the two in a new seeded order each round (interleaved). A call's time is the slowest
+rank's (Barrier, Wtime, max over ranks). Prints medians [min, max] in microseconds and the ratio of the
+medians, with the conditions; ``--out`` appends the rows to a markdown file. Times move from one launch to the
+next (where the ranks land): run it more than once.
 
     mpiexec -n 4 python -m mpi4py scripts/bench_collectives.py [--repeat 41] [--out bench-results/collectives.md]
 """
@@ -36,12 +37,12 @@ from deinsum.runtime.exchange import Collective, Transfer, element_type  # noqa:
 def cases(nprocs: int) -> list:
     """(name, source layout, destination layout, phase) of each step timed."""
     partial = Layout((512, 512), (nprocs,), (None, None), (0,))
-    rows = lambda holders: Layout((256 * holders, 256), (holders,), (0, None))  # noqa: E731
+    rows = lambda n, holders: Layout((n * holders, n), (holders,), (0, None))  # noqa: E731
+    gathers = [(f"row blocks {n} x {n} {where}", rows(n, holders), Layout.replicated(rows(n, holders).shape, nprocs), 0)
+               for n in (8, 64, 256) for where, holders in (("each", nprocs), ("on all ranks but the last", nprocs - 1))]
     return [("scalar to every rank", Layout((), (nprocs,), (), (0,)), Layout.replicated((), nprocs), 0),
             ("scalar to rank 0", Layout((), (nprocs,), (), (0,)), Layout.on_root((), nprocs), 0),
-            ("row blocks 256 x 256 each", rows(nprocs), Layout.replicated(rows(nprocs).shape, nprocs), 0),
-            ("row blocks 256 x 256 on all ranks but the last", rows(nprocs - 1),
-             Layout.replicated(rows(nprocs - 1).shape, nprocs), 0),
+            *gathers,
             ("512 x 512 partial sums to every rank, step 1", partial, Layout.replicated((512, 512), nprocs), 0),
             ("512 x 512 partial sums to every rank, step 2", partial, Layout.replicated((512, 512), nprocs), 1)]
 
