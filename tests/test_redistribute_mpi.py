@@ -17,7 +17,7 @@ from deinsum.layout import Layout
 from deinsum.placement import even_layout
 from deinsum.plan import build_plan
 from deinsum.redistribute import plan_redistribution
-from deinsum.runtime.exchange import ByteLog, Transfer, element_type, exchange
+from deinsum.runtime.exchange import ByteLog, Collective, Transfer, element_type, exchange
 from deinsum.tables import rank_tables
 
 comm = MPI.COMM_WORLD
@@ -99,6 +99,23 @@ for axis, holders in ((0, P), (1, P), (0, P - 1)) if P > 2 else ((0, P), (1, P))
     x = sample(shape, np.float64, seed=axis)
     assert same(run(move, None if move.src.block(rank) is None else x[move.src.block(rank)], np.float64,
                     "allgather"), x)
+if P == 4:   # a block on every rank, out of rank order (tensor axis 0 on grid axis 1): MPI_Allgatherv
+    move = plan_redistribution(Layout((2, 2, 3), (2, 2), (1, 0, None)), Layout.replicated((2, 2, 3), P), P)
+    assert move.collectives == ("allgatherv",), move
+    x = sample((2, 2, 3), np.float64, seed=2)
+    assert same(run(move, x[move.src.block(rank)], np.float64, "allgather"), x)
+if P > 1:   # an allgather's table on a communicator numbered otherwise than the world: refused on every rank
+    reversed_ranks = comm.Split(0, P - 1 - rank)
+    move = plan_redistribution(Layout((2 * P, 3), (P,), (0, None)), Layout.replicated((2 * P, 3), P), P)
+    element = element_type(np.float64)
+    try:
+        Collective(reversed_ranks, move.table(rank)[0], np.float64, element, comm)
+    except ValueError as e:
+        assert "allgather on ranks that are not its communicator's, in order" in str(e), e
+    else:
+        raise AssertionError("a reversed communicator's allgather ran")
+    element.Free()
+    reversed_ranks.Free()
 
 # 1c. a transpose: every peer's piece has one shape, so the Transfer commits one datatype each way, however many
 # peers (placed by displacement; at P = 65,536 one move of TTMc-O5 had 104,446 peers' types)

@@ -237,7 +237,7 @@ class Collective(_Step):
     """One step that runs MPI's collective of its name (a native table of ``rank_tables``) on ``comm``: every
     rank for ``Allreduce``, ``Reduce`` (ranks without a summand add zeros), ``Allgather`` (a contiguous block
     per rank, in rank order) or ``Allgatherv`` (contiguous blocks, each one subarray type resized to one
-    element: counted in elements, MPICH's ring cuts a block into 32 kB pieces and ran 2x slower), the
+    element: with counts in elements MPICH's ring cuts blocks into 32 kB pieces, 1.7-2.5x slower), the
     ranks holding one block's summands for ``Reduce_scatter`` (the block itself where its pieces tile it in
     order, else packed); peers numbered in ``world`` (default ``comm``).
     ``bytes_sent``/``bytes_received`` are the model's: what MPI moves inside a collective cannot be measured.
@@ -255,8 +255,9 @@ class Collective(_Step):
             world_group.Free()
             group.Free()
         self.pieces = sorted((peer, starts, subsizes) for peer, (_, starts, subsizes) in zip(peers, pieces))
-        if MPI.UNDEFINED in peers or self.kind == "reduce_scatter" and len(self.pieces) != comm.Get_size():
-            raise ValueError(f"rank {comm.Get_rank()}: a {self.kind} whose ranks are not its communicator's")
+        if (MPI.UNDEFINED in peers or self.kind == "reduce_scatter" and len(self.pieces) != comm.Get_size()
+                or self.kind == "allgather" and list(peers) != list(range(comm.Get_size()))):   # (in the table's order)
+            raise ValueError(f"rank {comm.Get_rank()}: {self.kind} on ranks that are not its communicator's, in order")
         if self.kind == "allgatherv":
             self.counts, self.displs = [0] * comm.Get_size(), [0] * comm.Get_size()
             for peer, starts, _ in self.pieces:   # (element offsets in the C-ordered output)
