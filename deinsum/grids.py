@@ -199,7 +199,7 @@ class GridChoice:
         shape = tuple(sizes[c] for c in subscripts)
         return self._layout(subscripts, shape, subscripts == self.output if partial is None else bool(partial))
 
-    @lru_cache(maxsize=2048)   # (a plan with its bounds asks for up to 1,200: TTMc at P = 65,536)
+    @lru_cache(maxsize=2048)   # (a plan with its bounds asks for up to 1,200 at P = 65,536, 1,820 at 2^20: TTMc-O5)
     def _layout(self, subscripts: str, shape: tuple[int, ...], partial: bool) -> Layout:
         """:meth:`layout` of a checked tensor of ``shape`` (cached: the planner asks for the same blocks again)."""
         summed = tuple(g for g in self.reduction_dims if self.dims[g] > 1) if partial else ()

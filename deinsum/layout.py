@@ -442,7 +442,8 @@ def _kept_holdings(layout: Layout, ranks: bytes) -> tuple[np.ndarray, ...]:
 
 @lru_cache(maxsize=2048)
 def _kept_boxes(layout: Layout, ranks: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_kept_holdings`' boxes alone (a plan with its bounds asks for up to 1,300: TTMc at P = 65,536)."""
+    """:func:`_kept_holdings`' boxes alone (a plan with its bounds asks for up to 1,300 at P = 65,536 and 1,940
+    at 2^20: TTMc-O5)."""
     boxes = layout._boxes(layout._at(np.frombuffer(ranks, dtype=np.int64)))
     for a in boxes:
         a.flags.writeable = False

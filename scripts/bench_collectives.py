@@ -39,7 +39,8 @@ def cases(nprocs: int) -> list:
     partial = Layout((512, 512), (nprocs,), (None, None), (0,))
     rows = lambda n, holders: Layout((n * holders, n), (holders,), (0, None))  # noqa: E731
     gathers = [(f"row blocks {n} x {n} {where}", rows(n, holders), Layout.replicated(rows(n, holders).shape, nprocs), 0)
-               for n in (8, 64, 256) for where, holders in (("each", nprocs), ("on all ranks but the last", nprocs - 1))]
+               for n in (8, 64, 256) for where, holders in (("each", nprocs), ("on all ranks but the last", nprocs - 1))
+               if holders]
     return [("scalar to every rank", Layout((), (nprocs,), (), (0,)), Layout.replicated((), nprocs), 0),
             ("scalar to rank 0", Layout((), (nprocs,), (), (0,)), Layout.on_root((), nprocs), 0),
             *gathers,
