@@ -171,8 +171,8 @@ def _gather_kind(held: Holdings, shape: tuple) -> str | None:
     if not (len(extents) and (extents > 0).all() and (extents == extents[0]).all()
             and contiguous(tuple(extents[0].tolist()), shape)):
         return None
-    strides = np.array([math.prod(shape[k + 1:]) for k in range(len(shape))], dtype=np.int64)
-    in_order = held.held.all() and (held.lo @ strides == np.arange(held.held.size) * extents[0].prod()).all()
+    in_order = held.held.all() and (np.ravel_multi_index(tuple(held.lo.T), shape)
+                                    == np.arange(held.held.size) * extents[0].prod()).all()
     return "allgather" if in_order else "allgatherv"
 
 
